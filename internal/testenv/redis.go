@@ -1,0 +1,462 @@
+package testenv
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+const (
+	redisInstallHint = "run `make test` (it installs Debian's redis-server, redis-sentinel and redis-tools)"
+
+	// readyTimeout bounds how long a started server may take to answer PING.
+	// The machines running the suite are shared and slow under -race, so it is
+	// generous; a healthy redis-server answers within milliseconds.
+	readyTimeout = 30 * time.Second
+	// stopTimeout bounds how long Stop waits after SIGTERM before SIGKILL.
+	stopTimeout = 15 * time.Second
+	// pollInterval is the pause between two readiness probes.
+	pollInterval = 10 * time.Millisecond
+	// startAttempts is how often a new server is retried on a fresh port when
+	// the chosen port was taken by someone else in the meantime.
+	startAttempts = 5
+	// logTail is how much of a server log is printed when a test fails.
+	logTail = 64 << 10
+)
+
+// errPortInUse reports that a server could not bind its port.
+var errPortInUse = errors.New("port already in use")
+
+// RedisOption configures RedisServer.
+type RedisOption func(*redisConfig)
+
+type redisConfig struct {
+	args     []string
+	password string
+}
+
+// WithArgs appends extra command-line arguments to redis-server, for example
+// WithArgs("--maxmemory", "1mb"). They come after the defaults and so override
+// them.
+func WithArgs(args ...string) RedisOption {
+	return func(c *redisConfig) { c.args = append(c.args, args...) }
+}
+
+// WithPassword starts redis-server with --requirepass and makes Client
+// authenticate with it.
+func WithPassword(password string) RedisOption {
+	return func(c *redisConfig) {
+		c.password = password
+		c.args = append(c.args, "--requirepass", password)
+	}
+}
+
+// WithReplicaOf starts redis-server as a replica of the server at addr
+// ("host:port").
+func WithReplicaOf(addr string) RedisOption {
+	return func(c *redisConfig) {
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			host, port = addr, ""
+		}
+		c.args = append(c.args, "--replicaof", host, port)
+	}
+}
+
+// Redis is one redis-server process (also used for Cluster nodes and for the
+// Sentinel processes of a Sentinel setup). Its methods are safe for
+// concurrent use, but those that fail the test must run on the test goroutine.
+type Redis struct {
+	// Addr is "127.0.0.1:<Port>". It stays the same across Stop/Start.
+	Addr string
+	// Port is the TCP port the server listens on.
+	Port int
+
+	t        testing.TB
+	name     string
+	bin      string
+	args     []string
+	password string
+	dir      string
+	logPath  string
+
+	mu     sync.Mutex
+	proc   *process
+	paused bool
+	client *redis.Client
+}
+
+// process is one running OS process and the signal of its exit.
+type process struct {
+	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd.Wait returned
+}
+
+// nodeSpec describes how to start one redis-server process.
+type nodeSpec struct {
+	name     string
+	bin      string
+	password string
+	// args returns the full argument list for a server on port, with dir as its
+	// working and data directory. It is called again for every attempt.
+	args func(port int, dir string) ([]string, error)
+}
+
+// RedisServer starts a standalone redis-server on a free loopback port with
+// persistence disabled (--save "" --appendonly no) and a temporary working
+// directory, waits until it answers PING, and stops it when the test ends.
+func RedisServer(t testing.TB, opts ...RedisOption) *Redis {
+	t.Helper()
+	var cfg redisConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return startNode(t, nodeSpec{
+		name:     "redis-server",
+		bin:      redisServerBinary(t),
+		password: cfg.password,
+		args: func(port int, dir string) ([]string, error) {
+			return append(baseRedisArgs(port, dir), cfg.args...), nil
+		},
+	})
+}
+
+// baseRedisArgs are the arguments every data-holding redis-server gets.
+func baseRedisArgs(port int, dir string) []string {
+	return []string{
+		"--port", strconv.Itoa(port),
+		"--bind", "127.0.0.1",
+		"--save", "",
+		"--appendonly", "no",
+		"--dir", dir,
+		"--daemonize", "no",
+		"--logfile", "",
+	}
+}
+
+func redisServerBinary(t testing.TB) string {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatalf("redis-server not found in PATH: %s", redisInstallHint)
+	}
+	return bin
+}
+
+// startNode creates the handle, registers its cleanup and starts the process,
+// retrying on a fresh port when the chosen one was taken.
+func startNode(t testing.TB, spec nodeSpec) *Redis {
+	t.Helper()
+	dir := t.TempDir() // removed after the cleanup registered below has run
+	r := &Redis{
+		t:        t,
+		name:     spec.name,
+		bin:      spec.bin,
+		password: spec.password,
+		dir:      dir,
+		logPath:  filepath.Join(dir, "server.log"),
+	}
+	t.Cleanup(r.cleanup)
+	var lastErr error
+	for attempt := 0; attempt < startAttempts; attempt++ {
+		port, err := freePort()
+		if err != nil {
+			t.Fatalf("testenv: %s: find a free port: %v", spec.name, err)
+		}
+		args, err := spec.args(port, dir)
+		if err != nil {
+			t.Fatalf("testenv: %s: %v", spec.name, err)
+		}
+		r.mu.Lock()
+		r.Port, r.Addr, r.args = port, loopbackAddr(port), args
+		err = r.startLocked()
+		r.mu.Unlock()
+		if err == nil {
+			return r
+		}
+		lastErr = err
+		if !errors.Is(err, errPortInUse) {
+			break
+		}
+	}
+	t.Fatalf("testenv: start %s: %v\n%s", spec.name, lastErr, r.logTail())
+	return nil
+}
+
+// Start starts the server again on the same port after Stop or Kill and waits
+// until it answers PING. The data is gone unless the server was configured to
+// persist it.
+func (r *Redis) Start() {
+	r.t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.proc != nil {
+		r.t.Fatalf("testenv: %s %s: Start: already running", r.name, r.Addr)
+	}
+	if err := r.startLocked(); err != nil {
+		r.t.Fatalf("testenv: restart %s %s: %v\n%s", r.name, r.Addr, err, r.logTail())
+	}
+}
+
+// Stop sends SIGTERM (after SIGCONT when paused) and waits for the process to
+// exit, escalating to SIGKILL after a deadline. The port stays reserved for
+// Start. Stop on a stopped server does nothing.
+func (r *Redis) Stop() {
+	r.t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.proc == nil {
+		return
+	}
+	if r.paused {
+		_ = r.proc.cmd.Process.Signal(syscall.SIGCONT)
+		r.paused = false
+	}
+	_ = r.proc.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-r.proc.done:
+	case <-time.After(stopTimeout):
+		_ = r.proc.cmd.Process.Kill()
+		<-r.proc.done
+	}
+	r.proc = nil
+}
+
+// Kill sends SIGKILL and waits for the process to exit. Kill on a stopped
+// server does nothing.
+func (r *Redis) Kill() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.killLocked()
+}
+
+// Pause freezes the process with SIGSTOP and returns once the kernel reports
+// it stopped: connections stay open but nothing is answered (a black hole).
+func (r *Redis) Pause() {
+	r.t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.proc == nil {
+		r.t.Fatalf("testenv: %s %s: Pause: not running", r.name, r.Addr)
+	}
+	if err := r.proc.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		r.t.Fatalf("testenv: %s %s: SIGSTOP: %v", r.name, r.Addr, err)
+	}
+	r.paused = true
+	if err := waitProcState(r.proc, true); err != nil {
+		r.t.Fatalf("testenv: %s %s: Pause: %v", r.name, r.Addr, err)
+	}
+}
+
+// Resume continues a paused process with SIGCONT.
+func (r *Redis) Resume() {
+	r.t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.proc == nil || !r.paused {
+		return
+	}
+	if err := r.proc.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		r.t.Fatalf("testenv: %s %s: SIGCONT: %v", r.name, r.Addr, err)
+	}
+	r.paused = false
+	if err := waitProcState(r.proc, false); err != nil {
+		r.t.Fatalf("testenv: %s %s: Resume: %v", r.name, r.Addr, err)
+	}
+}
+
+// Running reports whether the process is running (paused counts as running).
+func (r *Redis) Running() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.proc != nil
+}
+
+// Dir returns the server's temporary working directory.
+func (r *Redis) Dir() string { return r.dir }
+
+// Log returns the end of the server's log (stdout and stderr of every start).
+func (r *Redis) Log() string { return r.logTail() }
+
+// Client returns a go-redis client for this server, created on first use and
+// closed when the test ends. It reconnects by itself after Stop/Start.
+func (r *Redis) Client() *redis.Client {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.client == nil {
+		r.client = redis.NewClient(&redis.Options{
+			Addr:     r.Addr,
+			Password: r.password,
+		})
+	}
+	return r.client
+}
+
+// startLocked starts the process with r.args and waits until it is ready.
+func (r *Redis) startLocked() error {
+	logFile, err := os.OpenFile(r.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("open log: %w", err)
+	}
+	fmt.Fprintf(logFile, "### testenv: %s %s\n", r.bin, strings.Join(quoteArgs(r.args), " "))
+	cmd := exec.Command(r.bin, r.args...)
+	cmd.Dir = r.dir
+	cmd.Stdout = logFile
+	cmd.Stderr = logFile
+	err = cmd.Start()
+	logFile.Close() // the child holds its own descriptor
+	if err != nil {
+		return fmt.Errorf("exec %s: %w", r.bin, err)
+	}
+	p := &process{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		close(p.done)
+	}()
+	r.proc, r.paused = p, false
+
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	if err := waitPing(ctx, r.Addr, p.done); err != nil {
+		r.killLocked()
+		if strings.Contains(r.logTail(), "Address already in use") {
+			return fmt.Errorf("%s: %w", r.Addr, errPortInUse)
+		}
+		return err
+	}
+	return nil
+}
+
+func (r *Redis) killLocked() {
+	if r.proc == nil {
+		return
+	}
+	_ = r.proc.cmd.Process.Kill()
+	<-r.proc.done
+	r.proc, r.paused = nil, false
+}
+
+func (r *Redis) cleanup() {
+	r.mu.Lock()
+	r.killLocked()
+	if r.client != nil {
+		_ = r.client.Close()
+		r.client = nil
+	}
+	r.mu.Unlock()
+	if r.t.Failed() {
+		r.t.Logf("testenv: %s %s log (%s):\n%s", r.name, r.Addr, r.logPath, r.logTail())
+	}
+}
+
+func (r *Redis) logTail() string {
+	b, err := os.ReadFile(r.logPath)
+	if err != nil {
+		return fmt.Sprintf("(no log: %v)", err)
+	}
+	if len(b) > logTail {
+		b = append([]byte("...\n"), b[len(b)-logTail:]...)
+	}
+	return string(b)
+}
+
+// waitPing polls addr with a raw RESP PING until the server answers (an error
+// reply other than LOADING counts: the server is up but wants AUTH), the
+// process exits (done is closed) or ctx ends.
+func waitPing(ctx context.Context, addr string, done <-chan struct{}) error {
+	var lastErr error
+	for {
+		if lastErr = ping(ctx, addr); lastErr == nil {
+			return nil
+		}
+		select {
+		case <-done:
+			return fmt.Errorf("process exited before answering PING on %s", addr)
+		case <-ctx.Done():
+			return fmt.Errorf("no answer to PING on %s: %w (last error: %v)", addr, ctx.Err(), lastErr)
+		case <-time.After(pollInterval):
+		}
+	}
+}
+
+func ping(ctx context.Context, addr string) error {
+	d := net.Dialer{Timeout: time.Second}
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := conn.Write([]byte("PING\r\n")); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	switch {
+	case strings.HasPrefix(line, "+PONG"):
+		return nil
+	case strings.HasPrefix(line, "-LOADING"):
+		return fmt.Errorf("server loading: %s", strings.TrimSpace(line))
+	case strings.HasPrefix(line, "-"):
+		return nil // up, but e.g. NOAUTH
+	default:
+		return fmt.Errorf("unexpected PING reply %q", line)
+	}
+}
+
+// waitProcState waits until the kernel reports the process stopped (state T)
+// or, with stopped false, not stopped.
+func waitProcState(p *process, stopped bool) error {
+	path := fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid)
+	deadline := time.Now().Add(readyTimeout)
+	for {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil // no procfs (or the process is gone): nothing to wait for
+		}
+		// The state follows the parenthesised command name: "pid (comm) S ...".
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 || i+2 >= len(s) {
+			return nil
+		}
+		state := s[i+2]
+		if (state == 'T' || state == 't') == stopped {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("process state %q after %v", state, readyTimeout)
+		}
+		select {
+		case <-p.done:
+			return errors.New("process exited")
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+func quoteArgs(args []string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if a == "" || strings.ContainsAny(a, " \t\"'") {
+			a = strconv.Quote(a)
+		}
+		out[i] = a
+	}
+	return out
+}

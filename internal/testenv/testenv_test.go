@@ -1,0 +1,258 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+func testContext(t *testing.T, d time.Duration) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestFreePortIsLoopbackAndBindable(t *testing.T) {
+	addr := FreeAddr(t)
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil || host != "127.0.0.1" {
+		t.Fatalf("FreeAddr = %q, want 127.0.0.1:<port> (err %v)", addr, err)
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("listen on FreeAddr %s: %v", addr, err)
+	}
+	l.Close()
+}
+
+func TestRedisServerLifecycle(t *testing.T) {
+	ctx := testContext(t, 2*time.Minute)
+	r := RedisServer(t)
+	c := r.Client()
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET: %v", err)
+	}
+	if got, err := c.Get(ctx, "k").Result(); err != nil || got != "v" {
+		t.Fatalf("GET = %q, %v; want v", got, err)
+	}
+	dir, err := c.ConfigGet(ctx, "dir").Result()
+	if err != nil || dir["dir"] == "" {
+		t.Fatalf("CONFIG GET dir = %v, %v", dir, err)
+	}
+	save, err := c.ConfigGet(ctx, "save").Result()
+	if err != nil || save["save"] != "" {
+		t.Fatalf("CONFIG GET save = %q, %v; want persistence off", save["save"], err)
+	}
+
+	addr := r.Addr
+	r.Stop()
+	if r.Running() {
+		t.Fatal("Running after Stop")
+	}
+	if err := c.Ping(ctx).Err(); err == nil {
+		t.Fatal("PING succeeded on a stopped server")
+	}
+	r.Start()
+	if r.Addr != addr {
+		t.Fatalf("Addr after Start = %s, want %s", r.Addr, addr)
+	}
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING after Start: %v", err)
+	}
+	if n, err := c.Exists(ctx, "k").Result(); err != nil || n != 0 {
+		t.Fatalf("EXISTS k after restart = %d, %v; want 0 (no persistence)", n, err)
+	}
+
+	r.Kill()
+	if err := c.Ping(ctx).Err(); err == nil {
+		t.Fatal("PING succeeded on a killed server")
+	}
+	r.Start()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING after Kill+Start: %v", err)
+	}
+}
+
+func TestRedisServerPauseResume(t *testing.T) {
+	ctx := testContext(t, 2*time.Minute)
+	r := RedisServer(t)
+	c := redis.NewClient(&redis.Options{Addr: r.Addr, ReadTimeout: 300 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING: %v", err)
+	}
+	r.Pause()
+	err := c.Ping(ctx).Err()
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("PING on a paused server = %v, want a timeout", err)
+	}
+	r.Resume()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING after Resume: %v", err)
+	}
+}
+
+func TestRedisServerPassword(t *testing.T) {
+	ctx := testContext(t, time.Minute)
+	r := RedisServer(t, WithPassword("s3cret"))
+	if err := r.Client().Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET with password: %v", err)
+	}
+	anon := redis.NewClient(&redis.Options{Addr: r.Addr})
+	t.Cleanup(func() { anon.Close() })
+	if err := anon.Get(ctx, "k").Err(); err == nil || !strings.Contains(err.Error(), "NOAUTH") {
+		t.Fatalf("GET without password = %v, want NOAUTH", err)
+	}
+}
+
+func TestRedisCluster(t *testing.T) {
+	ctx := testContext(t, time.Minute)
+	c := RedisCluster(t)
+	node := c.Masters[0].Client()
+	for _, key := range []string{"", "a", "foo", "{user1000}.following", "foo{}{bar}", "foo{{bar}}zap", "{}x", "rl:é:1"} {
+		want, err := node.ClusterKeySlot(ctx, key).Result()
+		if err != nil {
+			t.Fatalf("CLUSTER KEYSLOT %q: %v", key, err)
+		}
+		if got := Slot(key); int64(got) != want {
+			t.Errorf("Slot(%q) = %d, redis says %d", key, got, want)
+		}
+	}
+
+	// Keys through the cluster client land on every master.
+	cc := c.Client()
+	perMaster := map[string]string{}
+	for i := 0; len(perMaster) < len(c.Masters) && i < 10000; i++ {
+		key := fmt.Sprintf("key-%d", i)
+		owner := c.MasterForKey(key)
+		if _, ok := perMaster[owner.Addr]; ok {
+			continue
+		}
+		if err := cc.Set(ctx, key, owner.Addr, 0).Err(); err != nil {
+			t.Fatalf("cluster SET %s: %v", key, err)
+		}
+		perMaster[owner.Addr] = key
+	}
+	if len(perMaster) != 3 {
+		t.Fatalf("keys reached %d masters, want 3", len(perMaster))
+	}
+	for _, m := range c.Masters {
+		key := perMaster[m.Addr]
+		got, err := m.Client().Get(ctx, key).Result()
+		if err != nil || got != m.Addr {
+			t.Errorf("GET %s directly on %s = %q, %v", key, m.Addr, got, err)
+		}
+		if got, err := cc.Get(ctx, key).Result(); err != nil || got != m.Addr {
+			t.Errorf("cluster GET %s = %q, %v", key, got, err)
+		}
+	}
+
+	// A killed master takes its slots down.
+	victim := c.Masters[1]
+	key := perMaster[victim.Addr]
+	victim.Kill()
+	if err := cc.Get(ctx, key).Err(); err == nil {
+		t.Fatalf("GET %s with its master killed succeeded", key)
+	}
+}
+
+func TestRedisClusterWithReplicas(t *testing.T) {
+	ctx := testContext(t, 2*time.Minute)
+	c := RedisCluster(t, WithClusterReplicas(1))
+	if len(c.Nodes()) != 6 {
+		t.Fatalf("nodes = %d, want 6", len(c.Nodes()))
+	}
+	for i, rs := range c.Replicas {
+		if len(rs) != 1 {
+			t.Fatalf("master %d has %d replicas, want 1", i, len(rs))
+		}
+		role, err := rs[0].Client().Do(ctx, "ROLE").Slice()
+		if err != nil || len(role) < 3 || role[0] != "slave" {
+			t.Fatalf("ROLE of replica %s = %v, %v", rs[0].Addr, role, err)
+		}
+		if port := fmt.Sprint(role[2]); net.JoinHostPort(fmt.Sprint(role[1]), port) != c.Masters[i].Addr {
+			t.Fatalf("replica %s follows %v:%v, want %s", rs[0].Addr, role[1], role[2], c.Masters[i].Addr)
+		}
+	}
+	if err := c.Client().Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("cluster SET: %v", err)
+	}
+}
+
+func TestRedisSentinelFailover(t *testing.T) {
+	ctx := testContext(t, 3*time.Minute)
+	s := RedisSentinel(t)
+	if len(s.SentinelAddrs) != 3 {
+		t.Fatalf("sentinels = %d, want 3", len(s.SentinelAddrs))
+	}
+	if addr, err := s.MasterAddr(ctx); err != nil || addr != s.Master.Addr {
+		t.Fatalf("MasterAddr = %s, %v; want %s", addr, err, s.Master.Addr)
+	}
+	c := s.Client()
+	if err := c.Set(ctx, "before", "1", 0).Err(); err != nil {
+		t.Fatalf("SET through failover client: %v", err)
+	}
+	if got, err := s.Master.Client().Get(ctx, "before").Result(); err != nil || got != "1" {
+		t.Fatalf("GET on the master = %q, %v", got, err)
+	}
+
+	if n, err := s.Master.Client().Do(ctx, "WAIT", 1, 10000).Int(); err != nil || n != 1 {
+		t.Fatalf("WAIT 1 = %d, %v; want the replica to acknowledge", n, err)
+	}
+
+	s.Master.Stop()
+	newAddr, err := s.WaitFailover(ctx)
+	if err != nil {
+		t.Fatalf("WaitFailover: %v", err)
+	}
+	if newAddr != s.Replica.Addr {
+		t.Fatalf("new master %s, want the replica %s", newAddr, s.Replica.Addr)
+	}
+	// The failover client finds the new master by itself; the first commands
+	// may still hit the old address, so retry until the deadline.
+	var lastErr error
+	for {
+		if lastErr = c.Set(ctx, "after", "2", 0).Err(); lastErr == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("SET after failover: %v", lastErr)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if got, err := s.Replica.Client().Get(ctx, "after").Result(); err != nil || got != "2" {
+		t.Fatalf("GET on the promoted replica = %q, %v", got, err)
+	}
+	if got, err := c.Get(ctx, "before").Result(); err != nil || got != "1" {
+		t.Fatalf("data written before the failover = %q, %v; want 1", got, err)
+	}
+}
+
+func TestEnvoyVersion(t *testing.T) {
+	bin := EnvoyBinary(t)
+	out, err := exec.Command(bin, "--version").CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s --version: %v\n%s", bin, err, out)
+	}
+	if !strings.Contains(string(out), "/"+EnvoyVersion+"/") {
+		t.Fatalf("%s --version = %q, want version %s", bin, out, EnvoyVersion)
+	}
+}
+
+func TestEnvoyBinaryFromEnv(t *testing.T) {
+	want := EnvoyBinary(t)
+	t.Setenv("ENVOY_BIN", want)
+	if got := EnvoyBinary(t); got != want {
+		t.Fatalf("EnvoyBinary with ENVOY_BIN=%s = %s", want, got)
+	}
+}
