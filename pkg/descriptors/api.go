@@ -13,8 +13,17 @@ type Position struct {
 	Column int
 }
 
-// String formats p as file:line:col.
-func (p Position) String() string { return fmt.Sprintf("%s:%d:%d", p.File, p.Line, p.Column) }
+// String formats p as file:line:col, leaving out the column when it is
+// unknown (0) and the line too when that is unknown.
+func (p Position) String() string {
+	switch {
+	case p.Line <= 0:
+		return p.File
+	case p.Column <= 0:
+		return fmt.Sprintf("%s:%d", p.File, p.Line)
+	}
+	return fmt.Sprintf("%s:%d:%d", p.File, p.Line, p.Column)
+}
 
 // Entry is one key/value pair of a request descriptor.
 type Entry struct {

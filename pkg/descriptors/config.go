@@ -1,28 +1,295 @@
 package descriptors
 
-// STUB: the descriptors helper replaces this file with the real implementation.
-// The exported signatures below are the contract pkg/rls and cmd/envoy-rls use.
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+)
 
 // Options tunes loading. The zero value is the default.
 type Options struct {
 	// MergeDomains lets several files declare the same domain; their
-	// descriptors are merged. Off by default: a duplicate domain is an error.
+	// top-level descriptor lists are concatenated (a descriptor defined in
+	// two files is still a duplicate). Off by default: a duplicate domain is
+	// an error, as in envoyproxy/ratelimit without MERGE_DOMAIN_CONFIG.
 	MergeDomains bool
 }
 
-// Config is a compiled, immutable set of domains. Safe for concurrent use.
-type Config struct{}
+// Config is a compiled, immutable set of domains. All methods are safe for
+// concurrent use. The Rules it returns are shared and must not be modified.
+type Config struct {
+	domains map[string]*domain
+	names   []string // sorted
+	digest  string
+}
 
-// Load reads every *.yaml / *.yml file in dir (not recursive, hidden files
-// and Kubernetes ..data dirs handled), parses, validates and compiles them.
-// The error lists every problem with file:line:col.
-func Load(dir string, opts Options) (*Config, error) { return &Config{}, nil }
+// domain is one compiled domain.
+type domain struct {
+	name   string
+	files  []string
+	root   *level
+	rules  []*Rule // file order
+	limits int
+}
+
+// level is one list of sibling descriptors, indexed for Match.
+type level struct {
+	keys map[string]*keyGroup
+}
+
+// keyGroup holds the siblings that share a key.
+type keyGroup struct {
+	exact map[string]*node // by literal value
+	wild  []*node          // wildcard values, in file order
+	any   *node            // the key-only node
+}
+
+// node is one configured descriptor.
+type node struct {
+	key, value string
+	wildcard   bool
+	glob       glob
+	pos        Position
+	rule       *Rule  // nil when the node has no rate limit
+	children   *level // nil when the node has no nested descriptors
+}
+
+func newLevel() *level { return &level{keys: map[string]*keyGroup{}} }
+
+// add inserts n (valued tells whether it has a value) and returns the
+// sibling it duplicates, if any, without inserting.
+func (l *level) add(n *node, valued bool) *node {
+	g := l.keys[n.key]
+	if g == nil {
+		g = &keyGroup{}
+		l.keys[n.key] = g
+	}
+	switch {
+	case !valued:
+		if g.any != nil {
+			return g.any
+		}
+		g.any = n
+	case n.wildcard:
+		for _, w := range g.wild {
+			if w.value == n.value {
+				return w
+			}
+		}
+		g.wild = append(g.wild, n)
+	default:
+		if prev := g.exact[n.value]; prev != nil {
+			return prev
+		}
+		if g.exact == nil {
+			g.exact = map[string]*node{}
+		}
+		g.exact[n.value] = n
+	}
+	return nil
+}
+
+// lookup returns the node e selects among l's siblings: the exact key+value
+// node, else the first wildcard node (file order) whose pattern matches,
+// else the key-only node.
+func (l *level) lookup(e Entry) *node {
+	g := l.keys[e.Key]
+	if g == nil {
+		return nil
+	}
+	if n := g.exact[e.Value]; n != nil {
+		return n
+	}
+	for _, n := range g.wild {
+		if n.glob.match(e.Value) {
+			return n
+		}
+	}
+	return g.any
+}
+
+func newConfig(builds []*domainBuild, digest string) *Config {
+	c := &Config{domains: make(map[string]*domain, len(builds)), digest: digest}
+	for _, b := range builds {
+		c.domains[b.name] = &domain{name: b.name, files: b.files, root: b.root, rules: b.rules, limits: b.limits}
+		c.names = append(c.names, b.name)
+	}
+	slices.Sort(c.names)
+	return c
+}
+
+// Load reads every *.yaml and *.yml file directly in dir (not recursive;
+// names starting with "." are skipped, so Kubernetes ConfigMap volumes, whose
+// files are symlinks through a hidden ..data directory, load as the files
+// they show; symlinks are followed), then parses, validates and compiles
+// them, in name order. Each file declares one domain.
+//
+// When the configuration is invalid the error is an ErrorList naming every
+// problem found with its file:line:col. A folder that cannot be read, or
+// that holds no configuration file, is an error too.
+func Load(dir string, opts Options) (*Config, error) {
+	files, err := readDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	return compile(files, opts)
+}
+
+// readDir reads the configuration files of dir, sorted by name.
+func readDir(dir string) ([]srcFile, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("descriptors: read config folder: %w", err)
+	}
+	var files []srcFile
+	for _, e := range entries {
+		name := e.Name()
+		if strings.HasPrefix(name, ".") {
+			continue
+		}
+		if ext := filepath.Ext(name); ext != ".yaml" && ext != ".yml" {
+			continue
+		}
+		path := filepath.Join(dir, name)
+		fi, err := os.Stat(path) // follows symlinks
+		if err != nil {
+			return nil, fmt.Errorf("descriptors: %w", err)
+		}
+		if !fi.Mode().IsRegular() {
+			continue
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("descriptors: %w", err)
+		}
+		files = append(files, srcFile{name: path, data: data})
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("descriptors: no configuration files (*.yaml, *.yml) in %s", dir)
+	}
+	return files, nil
+}
+
+// digest is the hex SHA-256 of the names and contents of files.
+func digest(files []srcFile) string {
+	h := sha256.New()
+	var n [binary.MaxVarintLen64]byte
+	for _, f := range files {
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(f.name)))])
+		h.Write([]byte(f.name))
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(f.data)))])
+		h.Write(f.data)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
 
 // Match returns the rule for one request descriptor in domain, or nil.
-func (c *Config) Match(domain string, entries []Entry) *Rule { return nil }
+//
+// It follows envoyproxy/ratelimit: the entries are walked level by level
+// from the domain root; at each level the sibling with the same key and
+// value is taken first, then the first wildcard-valued sibling (in file
+// order) whose pattern matches the value, then the key-only sibling; when
+// none fits, nothing matches. The result is the rule of the node reached
+// by the last entry: nil when that node has no rate_limit, and nil when the
+// request has more entries than the tree is deep ("request depth does not
+// match config depth"). A rule that is Unlimited is returned too.
+//
+// A key-only or wildcard rule gives every distinct value its own counter:
+// that is the caller's business (the storage key holds the request's
+// entries), Match only selects the rule.
+//
+// Match does not allocate.
+func (c *Config) Match(domain string, entries []Entry) *Rule {
+	if c == nil || len(entries) == 0 {
+		return nil
+	}
+	d := c.domains[domain]
+	if d == nil {
+		return nil
+	}
+	lvl := d.root
+	var n *node
+	for _, e := range entries {
+		if lvl == nil {
+			return nil
+		}
+		if n = lvl.lookup(e); n == nil {
+			return nil
+		}
+		lvl = n.children
+	}
+	return n.rule
+}
 
 // HasDomain reports whether domain is configured.
-func (c *Config) HasDomain(domain string) bool { return false }
+func (c *Config) HasDomain(domain string) bool {
+	if c == nil {
+		return false
+	}
+	_, ok := c.domains[domain]
+	return ok
+}
 
-// Domains summarises the loaded domains, sorted by name.
-func (c *Config) Domains() []DomainSummary { return nil }
+// Domains summarises the loaded domains, sorted by name. File lists every
+// file of the domain, comma-separated, when domains were merged.
+func (c *Config) Domains() []DomainSummary {
+	if c == nil {
+		return nil
+	}
+	out := make([]DomainSummary, 0, len(c.names))
+	for _, name := range c.names {
+		d := c.domains[name]
+		out = append(out, DomainSummary{
+			Domain: name,
+			File:   strings.Join(d.files, ", "),
+			Rules:  len(d.rules),
+			Limits: d.limits,
+		})
+	}
+	return out
+}
+
+// Rules returns every rule of domain in file order (nil for an unknown
+// domain), e.g. for /debug/config. The slice is the caller's; the Rules are
+// shared and must not be modified.
+func (c *Config) Rules(domain string) []*Rule {
+	if c == nil {
+		return nil
+	}
+	d := c.domains[domain]
+	if d == nil {
+		return nil
+	}
+	return slices.Clone(d.rules)
+}
+
+// Summary returns one line per domain, sorted by domain, for
+// `envoy-rls check-config`, e.g. "edge: 4 rules, 5 limits (config/edge.yaml)".
+func (c *Config) Summary() []string {
+	var out []string
+	for _, s := range c.Domains() {
+		out = append(out, fmt.Sprintf("%s: %s, %s (%s)", s.Domain, plural(s.Rules, "rule"), plural(s.Limits, "limit"), s.File))
+	}
+	return out
+}
+
+// Digest is the hex SHA-256 of the names and contents of the files the
+// Config was compiled from; equal digests mean identical input.
+func (c *Config) Digest() string {
+	if c == nil {
+		return ""
+	}
+	return c.digest
+}
+
+func plural(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	return fmt.Sprintf("%d %ss", n, word)
+}

@@ -1,0 +1,69 @@
+// Package descriptors loads the rate-limit descriptor configuration: a
+// folder of YAML files, one domain per file, in the vocabulary of
+// github.com/envoyproxy/ratelimit (so its users' files load unchanged) plus
+// the extensions of envoy-rls. Load parses, validates and compiles the files
+// into an immutable *Config; Config.Match selects the Rule of a request
+// descriptor; a Watcher reloads the folder when it changes, keeping the last
+// good Config when a new one is invalid.
+//
+// # Schema
+//
+//	domain: <string, required, unique across files>
+//	descriptors:                       # optional list
+//	  - key: <string, required>
+//	    value: <string, optional; '*' matches any run of characters>
+//	    rate_limit:                    # optional; or rate_limits, not both
+//	      unit: second|minute|hour|day|week|month|year   # or window
+//	      window: <Go duration: 500ms, 90s, 1h30m>       # or unit
+//	      requests_per_unit: <positive integer>
+//	      algorithm: sliding_window|fixed_window|token_bucket|sliding_log
+//	      burst: <positive integer, token_bucket only; default requests_per_unit>
+//	      failure_mode: fallback|allow|deny
+//	      name: <string; default the rule ID>
+//	      replaces: [{name: <a rate_limit name of this domain>}]
+//	      unlimited: <bool; alone, without unit/window/requests_per_unit>
+//	    rate_limits: [<rate_limit>, ...]   # several limits, all must pass
+//	    shadow_mode: <bool>
+//	    detailed_metric: <bool>
+//	    descriptors: [...]              # nested descriptors
+//
+// Units are fixed lengths, as in envoyproxy/ratelimit: a month is 30 days
+// and a year 365 days (windows are epoch-aligned, not calendar-aligned).
+// Unit names are case-insensitive. Booleans also accept YAML 1.1's yes/no/
+// on/off, and scalars of any type are read as strings for key, value, name
+// and domain, as envoyproxy/ratelimit's YAML library does. Anchors, aliases
+// and merge keys (<<) work. Unknown keys are errors, at every level.
+//
+// Limits: requests_per_unit and burst are at most MaxRequests (2^53−1);
+// sliding_log allows at most MaxSlidingLogRequests (10000) requests per
+// window; descriptors nest at most MaxDepth levels; one load holds at most
+// MaxDescriptors descriptors. A window must be positive and a whole number of
+// milliseconds.
+//
+// Differences from envoyproxy/ratelimit: requests_per_unit: 0 (its README's
+// way to block a value) is rejected, because a limit admits at least one
+// request; an explicitly empty value is rejected (leave value out to match
+// every value); `*` may appear anywhere in a value, not only at its end; a
+// file with a second YAML document is rejected instead of ignoring it.
+//
+// # Identity
+//
+// Every descriptor with a rate limit compiles to a Rule whose ID is the
+// dotted path of its keys from the domain root, with "=value" for valued
+// descriptors: "remote_address", "tenant.user", "path=/login*",
+// "database=users.message_type=marketing". The ID names the rule's counters
+// (Limit.ID, with "#<index>" from 0 when rate_limits lists several limits),
+// so renaming a key or value starts new counters while editing numbers keeps
+// them. Rule.Name is the configured name, else the ID.
+//
+// # Matching
+//
+// See Config.Match: envoyproxy/ratelimit's rules — exact key+value first,
+// then wildcard values in file order, then the key-only descriptor; the
+// request must end exactly at a descriptor that has a rate limit.
+//
+// # Errors
+//
+// Every problem of a load is reported together, as an ErrorList of
+// "file:line:col: message" entries sorted by position.
+package descriptors
