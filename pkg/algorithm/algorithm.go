@@ -1,0 +1,101 @@
+package algorithm
+
+import (
+	"time"
+
+	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+)
+
+// Decision is the outcome of one request against one counter.
+type Decision struct {
+	// Allowed reports whether the hits were (or, for hits == 0, one hit
+	// would be) admitted.
+	Allowed bool
+	// Remaining is how many more hits could be admitted at now, on the
+	// state returned with the Decision.
+	Remaining uint64
+	// ResetAfter is the time until the current bucket ends (fixed and
+	// sliding windows), until the oldest logged hit leaves the window
+	// (sliding log; the window when the log is empty), or until the
+	// bucket is full again (token bucket).
+	ResetAfter time.Duration
+	// RetryAfter is 0 when Allowed, else the exact wait before the same
+	// hits would be admitted if nothing else arrived.
+	RetryAfter time.Duration
+}
+
+// State is the stored state of one counter of any algorithm; only the field
+// of the counter's algorithm is used. The zero State is an absent counter.
+type State struct {
+	SlidingWindow SlidingWindowState
+	FixedWindow   FixedWindowState
+	TokenBucket   TokenBucketState
+	SlidingLog    SlidingLogState
+}
+
+// Decide applies hits at now (ms since the epoch) to the counter s of limit
+// l and returns the decision and the counter's new state. The new state
+// equals s in meaning when nothing was consumed. l must be valid
+// (l.Validate() == nil). The SlidingLog state may share memory with s; see
+// SlidingLog.Decide.
+func Decide(l limiter.Limit, s State, now int64, hits uint64) (Decision, State) {
+	w := l.Window.Milliseconds()
+	var d Decision
+	switch l.Algorithm {
+	case limiter.FixedWindow:
+		d, s.FixedWindow = FixedWindow{Limit: l.Requests, Window: w}.Decide(s.FixedWindow, now, hits)
+	case limiter.TokenBucket:
+		d, s.TokenBucket = TokenBucket{Limit: l.Requests, Burst: l.Capacity(), Window: w}.Decide(s.TokenBucket, now, hits)
+	case limiter.SlidingLog:
+		d, s.SlidingLog = SlidingLog{Limit: l.Requests, Window: w}.Decide(s.SlidingLog, now, hits)
+	default:
+		d, s.SlidingWindow = SlidingWindow{Limit: l.Requests, Window: w}.Decide(s.SlidingWindow, now, hits)
+	}
+	return d, s
+}
+
+// ExpiresAt returns the instant (ms since the epoch) from which s is
+// equivalent to the zero State for limit l, so a store may forget it. It is
+// the expiry the Redis scripts give their keys.
+func ExpiresAt(l limiter.Limit, s State) int64 {
+	w := l.Window.Milliseconds()
+	switch l.Algorithm {
+	case limiter.FixedWindow:
+		return (s.FixedWindow.Bucket + 1) * w
+	case limiter.TokenBucket:
+		return s.TokenBucket.expiresAt()
+	case limiter.SlidingLog:
+		return s.SlidingLog.expiresAt(w)
+	default:
+		return (s.SlidingWindow.Bucket + 2) * w
+	}
+}
+
+// floorDiv returns floor(a/b) for b > 0.
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && a < 0 {
+		q--
+	}
+	return q
+}
+
+// ceilDiv returns ceil(a/b) for b > 0.
+func ceilDiv(a, b uint64) uint64 {
+	q := a / b
+	if a%b != 0 {
+		q++
+	}
+	return q
+}
+
+func ms(v int64) time.Duration { return time.Duration(v) * time.Millisecond }
+
+// effectiveHits returns the number of hits to decide for (1 for a check
+// without consumption) and whether to consume.
+func effectiveHits(hits uint64) (c uint64, consume bool) {
+	if hits == 0 {
+		return 1, false
+	}
+	return hits, true
+}

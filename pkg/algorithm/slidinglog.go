@@ -1,0 +1,103 @@
+package algorithm
+
+// SlidingLog keeps the time of every admitted hit and admits hits c at now
+// iff n + c ≤ Limit, where n is the number of logged hits later than
+// now − Window (so in (now−W, now] when the clock does not go back; hits
+// logged in the future of now also count, as they would in a Redis sorted
+// set trimmed with ZREMRANGEBYSCORE -inf now−W). It is exact: in every
+// half-open interval of length W at most Limit hits are admitted. Limits
+// are small (descriptor validation caps them at 10000).
+type SlidingLog struct {
+	Limit  uint64
+	Window int64 // W in milliseconds
+}
+
+// LogEntry records N hits admitted at millisecond At.
+type LogEntry struct {
+	At int64
+	N  uint64
+}
+
+// SlidingLogState is the log of admitted hits, oldest first. The zero value
+// is an empty log.
+type SlidingLogState struct {
+	Entries []LogEntry
+}
+
+// Decide applies hits at now to s. Entries that left the window are dropped
+// from the returned state.
+//
+// Decide never modifies the elements of s.Entries, but a consuming Decide
+// appends to it, which may write into its backing array beyond its length:
+// s stays valid, but two states derived from the same s by consuming
+// Decide calls must not both be kept. Chaining (deciding on the state the
+// previous call returned) is always fine.
+func (a SlidingLog) Decide(s SlidingLogState, now int64, hits uint64) (Decision, SlidingLogState) {
+	c, consume := effectiveHits(hits)
+	cutoff := now - a.Window
+	live := s.Entries
+	for len(live) > 0 && live[0].At <= cutoff {
+		live = live[1:]
+	}
+	if len(live) == 0 {
+		live = nil
+	}
+	var n uint64
+	for _, e := range live {
+		n += e.N
+	}
+	var d Decision
+	switch {
+	case c > a.Limit:
+		d.RetryAfter = ms(a.Window)
+	case n+c <= a.Limit:
+		d.Allowed = true
+		if consume {
+			live = insert(live, LogEntry{At: now, N: c})
+			n += c
+		}
+	default:
+		// Enough entries must leave: the k-th oldest hit, k = n+c−Limit.
+		k := n + c - a.Limit
+		var seen uint64
+		for _, e := range live {
+			if seen += e.N; seen >= k {
+				d.RetryAfter = ms(e.At + a.Window - now)
+				break
+			}
+		}
+	}
+	if n < a.Limit {
+		d.Remaining = a.Limit - n
+	}
+	d.ResetAfter = ms(a.Window)
+	if len(live) > 0 {
+		d.ResetAfter = ms(live[0].At + a.Window - now)
+	}
+	return d, SlidingLogState{Entries: live}
+}
+
+// expiresAt is the instant the newest entry leaves the window.
+func (s SlidingLogState) expiresAt(w int64) int64 {
+	var last int64
+	for _, e := range s.Entries {
+		last = max(last, e.At)
+	}
+	return last + w
+}
+
+// insert adds e to the sorted log: an append unless the clock went back, in
+// which case it copies (never writing into the elements of log).
+func insert(log []LogEntry, e LogEntry) []LogEntry {
+	i := len(log)
+	for i > 0 && log[i-1].At > e.At {
+		i--
+	}
+	if i == len(log) {
+		return append(log, e)
+	}
+	out := make([]LogEntry, 0, len(log)+1)
+	out = append(out, log[:i]...)
+	out = append(out, e)
+	return append(out, log[i:]...)
+}
