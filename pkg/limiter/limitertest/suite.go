@@ -183,6 +183,9 @@ func testRetryAfter(t *testing.T, f Factory, alg limiter.Algorithm) {
 			for round := 0; round < 40 && !t.Failed(); round++ {
 				h.clock.Advance(time.Duration(rng.Int64N(w/2+1)) * time.Millisecond)
 				hits := 1 + rng.Uint64N(min(l.Capacity(), 3))
+				if rng.IntN(2) == 0 {
+					hits = 1 + rng.Uint64N(l.Capacity())
+				}
 				res := h.must(req(k, l, hits))
 				if res[0].Allowed {
 					continue
