@@ -1,0 +1,36 @@
+// Package failsoft provides a limiter.Limiter that keeps answering when the
+// shared store does not.
+//
+// A *Limiter wraps a primary limiter (Redis, through pkg/redisbackend) and a
+// fallback limiter (in process, through pkg/memorybackend); it imports
+// neither. Every Check goes to the primary under a deadline shortened by
+// Options.DeadlineMargin, so that a slow store still leaves time to answer.
+// When the primary reports limiter.ErrUnavailable (or the shortened deadline
+// expires while the caller's context is still alive), or while the circuit
+// breaker is open, each Request is decided by its FailureMode:
+//
+//   - fallback: the fallback limiter decides, at this instance's share of the
+//     limit: Requests (and a token bucket's Burst) divided by the number N of
+//     live instances, rounded down, at least 1. Result.Source is
+//     limiter.SourceFallback.
+//   - allow: admitted, Remaining is the limit's capacity, Result.Source is
+//     limiter.SourceFailAllow.
+//   - deny: denied, RetryAfter is Options.DenyRetryAfter, Result.Source is
+//     limiter.SourceFailDeny.
+//
+// The batch stays all-or-nothing: a non-shadow deny-mode Request denies the
+// whole batch, and then the fallback Requests consume nothing; the fallback
+// Requests among themselves are decided in one fallback Check. A store outage
+// never becomes an error: Check returns an error only for a malformed batch
+// (limiter.ErrInvalid), when the caller's own context ended, or when the
+// primary fails in a way that is not an outage.
+//
+// N is learned through heartbeats (Options.Heartbeat, driven by Run) and kept
+// at its last known value while the store is down; Options.Instances
+// overrides it. A circuit breaker (github.com/sony/gobreaker/v2) stops
+// sending requests to a store that keeps failing and probes it again after
+// BreakerOptions.OpenTimeout; when probes succeed, decisions return to the
+// store. Transitions (store unavailable, store recovered, breaker state, live
+// instance count) are logged once each, not per request, and reported to an
+// optional Observer.
+package failsoft
