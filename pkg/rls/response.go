@@ -1,0 +1,382 @@
+package rls
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/envoy-rls/envoy-rls/pkg/descriptors"
+	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+)
+
+// rank orders results from most to least restrictive: an enforced denial,
+// then a shadow denial, then an admission.
+func rank(q *limiter.Request, r *limiter.Result) int {
+	switch {
+	case !r.Allowed && !q.Shadow:
+		return 0
+	case !r.Allowed:
+		return 1
+	}
+	return 2
+}
+
+// moreRestrictive reports whether result a is strictly more restrictive than
+// b: a better rank; among denials a longer RetryAfter; among admissions fewer
+// remaining hits.
+func (sc *scratch) moreRestrictive(a, b int) bool {
+	ra, rb := rank(&sc.reqs[a], &sc.res[a]), rank(&sc.reqs[b], &sc.res[b])
+	if ra != rb {
+		return ra < rb
+	}
+	if ra < 2 {
+		return sc.res[a].RetryAfter > sc.res[b].RetryAfter
+	}
+	return sc.res[a].Remaining < sc.res[b].Remaining
+}
+
+func outcomeOf(q *limiter.Request, r *limiter.Result) Outcome {
+	switch rank(q, r) {
+	case 0:
+		return OutcomeOverLimit
+	case 1:
+		return OutcomeShadowOverLimit
+	}
+	return OutcomeOK
+}
+
+// respond builds the response from the limiter's results in sc.
+func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch) *rlsv3.RateLimitResponse {
+	n := len(req.Descriptors)
+	resp := &rlsv3.RateLimitResponse{
+		OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, n),
+	}
+	sts := make([]rlsv3.RateLimitResponse_DescriptorStatus, n)
+	withLimit := 0
+	for i := range sc.descs {
+		if sc.descs[i].n > 0 {
+			withLimit++
+		}
+	}
+	var (
+		lims []rlsv3.RateLimitResponse_RateLimit
+		durs []durationpb.Duration
+	)
+	if withLimit > 0 {
+		lims = make([]rlsv3.RateLimitResponse_RateLimit, withLimit)
+		durs = make([]durationpb.Duration, withLimit)
+	}
+	enforced, top := -1, -1 // the request's most restrictive enforced / any result
+	li := 0
+	for i := range sc.descs {
+		ds := &sc.descs[i]
+		st := &sts[i]
+		resp.Statuses[i] = st
+		st.Code = rlsv3.RateLimitResponse_OK
+		if ds.n == 0 {
+			s.observeDescriptor(req.Domain, ds)
+			continue
+		}
+		best := ds.first
+		for k := ds.first; k < ds.first+ds.n; k++ {
+			q, r := &sc.reqs[k], &sc.res[k]
+			if s.obs != nil {
+				m := &sc.meta[k]
+				s.obs.ObserveDecision(Decision{
+					Domain: req.Domain, Rule: m.ruleName, Limit: m.name,
+					Outcome: outcomeOf(q, r), Source: r.Source,
+				})
+			}
+			if k != ds.first && sc.moreRestrictive(k, best) {
+				best = k
+			}
+			if top < 0 || sc.moreRestrictive(k, top) {
+				top = k
+			}
+			if !q.Shadow && (enforced < 0 || sc.moreRestrictive(k, enforced)) {
+				enforced = k
+			}
+		}
+		q, r, m := &sc.reqs[best], &sc.res[best], &sc.meta[best]
+		if rank(q, r) == 0 {
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		cl := &lims[li]
+		cl.Name = m.name
+		cl.RequestsPerUnit = clamp32(q.Limit.Requests)
+		cl.Unit = m.unit
+		if m.mult > 1 {
+			cl.UnitMultiplier = wrapperspb.UInt32(m.mult)
+		}
+		st.CurrentLimit = cl
+		st.LimitRemaining = clamp32(r.Remaining)
+		d := &durs[li]
+		d.Seconds = int64(r.ResetAfter / time.Second)
+		d.Nanos = int32(r.ResetAfter % time.Second)
+		st.DurationUntilReset = d
+		li++
+	}
+	if enforced >= 0 {
+		s.addHeaders(resp, sc, enforced)
+	}
+	if top >= 0 {
+		resp.DynamicMetadata = metadata(req.Domain, sc, top)
+	}
+	return resp
+}
+
+func (s *Service) observeDescriptor(domain string, ds *descState) {
+	if s.obs == nil {
+		return
+	}
+	d := Decision{Domain: domain, Outcome: OutcomeNoRule}
+	if ds.rule != nil {
+		d.Rule = ds.rule.Name
+		if ds.kind == kindUnlimited {
+			d.Outcome = OutcomeUnlimited
+		}
+	}
+	s.obs.ObserveDecision(d)
+}
+
+func clamp32(v uint64) uint32 {
+	if v > math.MaxUint32 {
+		return math.MaxUint32
+	}
+	return uint32(v)
+}
+
+// ceilSeconds is d in whole seconds, rounded up.
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// windowUnits are the units an arbitrary window is reported in, longest
+// first. Weeks, months and years are reported only when configured as such.
+var windowUnits = [...]struct {
+	d time.Duration
+	u rlsv3.RateLimitResponse_RateLimit_Unit
+}{
+	{24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_DAY},
+	{time.Hour, rlsv3.RateLimitResponse_RateLimit_HOUR},
+	{time.Minute, rlsv3.RateLimitResponse_RateLimit_MINUTE},
+	{time.Second, rlsv3.RateLimitResponse_RateLimit_SECOND},
+}
+
+// reportedUnit is how a limit is reported in a status's current_limit: the
+// configured unit when the limit was given as one (unit: minute → MINUTE);
+// for a window, the longest of DAY, HOUR, MINUTE, SECOND that divides it,
+// with unit_multiplier the quotient when above 1 (window: 90s → 90 × SECOND,
+// 2h → 2 × HOUR). A window that is not a whole number of seconds (1500ms) is
+// reported as SECOND × the window rounded up to whole seconds (2): the proto
+// cannot say it exactly, and a client that reads it then assumes a rate no
+// higher than the one enforced.
+func reportedUnit(l *descriptors.Limit) (rlsv3.RateLimitResponse_RateLimit_Unit, uint32) {
+	switch l.Unit {
+	case "second":
+		return rlsv3.RateLimitResponse_RateLimit_SECOND, 1
+	case "minute":
+		return rlsv3.RateLimitResponse_RateLimit_MINUTE, 1
+	case "hour":
+		return rlsv3.RateLimitResponse_RateLimit_HOUR, 1
+	case "day":
+		return rlsv3.RateLimitResponse_RateLimit_DAY, 1
+	case "week":
+		return rlsv3.RateLimitResponse_RateLimit_WEEK, 1
+	case "month":
+		return rlsv3.RateLimitResponse_RateLimit_MONTH, 1
+	case "year":
+		return rlsv3.RateLimitResponse_RateLimit_YEAR, 1
+	}
+	w := l.Limit.Window
+	for _, u := range windowUnits {
+		if w >= u.d && w%u.d == 0 {
+			return u.u, clamp32(uint64(w / u.d))
+		}
+	}
+	return rlsv3.RateLimitResponse_RateLimit_SECOND, clamp32(uint64(max(1, ceilSeconds(w))))
+}
+
+// Header names.
+const (
+	hdrPolicy       = "RateLimit-Policy"
+	hdrRateLimit    = "RateLimit"
+	hdrXLimit       = "X-RateLimit-Limit"
+	hdrXRemaining   = "X-RateLimit-Remaining"
+	hdrXReset       = "X-RateLimit-Reset"
+	hdrRetryAfter   = "Retry-After"
+	hdrContentType  = "Content-Type"
+	problemJSONType = "application/problem+json"
+)
+
+// endHeader records one header whose value the caller has just appended to
+// sc.hdr.
+func (sc *scratch) endHeader(name string) {
+	sc.hdrNames = append(sc.hdrNames, name)
+	sc.hdrEnds = append(sc.hdrEnds, len(sc.hdr))
+}
+
+// addHeaders sets response_headers_to_add (and raw_body on OVER_LIMIT) for
+// the most restrictive enforced result k.
+func (s *Service) addHeaders(resp *rlsv3.RateLimitResponse, sc *scratch, k int) {
+	q, r, m := &sc.reqs[k], &sc.res[k], &sc.meta[k]
+	window := max(1, ceilSeconds(q.Limit.Window))
+	reset := ceilSeconds(r.ResetAfter)
+	switch s.headers {
+	case HeadersIETF:
+		sc.hdr = appendSFString(sc.hdr, m.name)
+		sc.hdr = append(sc.hdr, ";q="...)
+		sc.hdr = strconv.AppendUint(sc.hdr, q.Limit.Requests, 10)
+		sc.hdr = append(sc.hdr, ";w="...)
+		sc.hdr = strconv.AppendInt(sc.hdr, window, 10)
+		sc.endHeader(hdrPolicy)
+		sc.hdr = appendSFString(sc.hdr, m.name)
+		sc.hdr = append(sc.hdr, ";r="...)
+		sc.hdr = strconv.AppendUint(sc.hdr, r.Remaining, 10)
+		sc.hdr = append(sc.hdr, ";t="...)
+		sc.hdr = strconv.AppendInt(sc.hdr, reset, 10)
+		sc.endHeader(hdrRateLimit)
+	case HeadersDraft03:
+		sc.hdr = strconv.AppendUint(sc.hdr, q.Limit.Requests, 10)
+		sc.hdr = append(sc.hdr, ", "...)
+		sc.hdr = strconv.AppendUint(sc.hdr, q.Limit.Requests, 10)
+		sc.hdr = append(sc.hdr, ";w="...)
+		sc.hdr = strconv.AppendInt(sc.hdr, window, 10)
+		if m.name != "" {
+			sc.hdr = append(sc.hdr, ";name="...)
+			sc.hdr = appendSFString(sc.hdr, m.name)
+		}
+		sc.endHeader(hdrXLimit)
+		sc.hdr = strconv.AppendUint(sc.hdr, r.Remaining, 10)
+		sc.endHeader(hdrXRemaining)
+		sc.hdr = strconv.AppendInt(sc.hdr, reset, 10)
+		sc.endHeader(hdrXReset)
+	}
+	var retry int64
+	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+		// k is the enforced denial with the longest RetryAfter: the
+		// earliest the request as a whole could be admitted.
+		retry = max(1, ceilSeconds(r.RetryAfter))
+		sc.hdr = strconv.AppendInt(sc.hdr, retry, 10)
+		sc.endHeader(hdrRetryAfter)
+		sc.hdr = append(sc.hdr, problemJSONType...)
+		sc.endHeader(hdrContentType)
+		resp.RawBody = problemBody(m.name, q.Limit, retry)
+	}
+	if len(sc.hdrNames) == 0 {
+		return
+	}
+	values := string(sc.hdr)
+	hv := make([]corev3.HeaderValue, len(sc.hdrNames))
+	resp.ResponseHeadersToAdd = make([]*corev3.HeaderValue, len(sc.hdrNames))
+	start := 0
+	for i, name := range sc.hdrNames {
+		hv[i].Key = name
+		hv[i].Value = values[start:sc.hdrEnds[i]]
+		start = sc.hdrEnds[i]
+		resp.ResponseHeadersToAdd[i] = &hv[i]
+	}
+}
+
+// appendSFString appends s as an RFC 8941 structured-field String: quoted,
+// with \ and " escaped; bytes outside printable ASCII (which an sf-string
+// cannot carry) become '?'.
+func appendSFString(dst []byte, s string) []byte {
+	dst = append(dst, '"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			dst = append(dst, '\\', c)
+		case c < 0x20 || c > 0x7e:
+			dst = append(dst, '?')
+		default:
+			dst = append(dst, c)
+		}
+	}
+	return append(dst, '"')
+}
+
+// problem is the RFC 9457 body sent on OVER_LIMIT. Envoy uses raw_body as the
+// body of its 429 local reply, and the Content-Type header of
+// response_headers_to_add overrides its default text/plain.
+type problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+	// Limit is the name of the limit that denied (the one with the
+	// longest Retry-After when several did).
+	Limit string `json:"limit"`
+	// Requests and Window describe it: Requests per Window, where Window
+	// is a Go duration ("1m0s").
+	Requests uint64 `json:"requests"`
+	Window   string `json:"window"`
+	// RetryAfter equals the Retry-After header, in whole seconds.
+	RetryAfter int64 `json:"retry_after"`
+}
+
+// problemBody renders the problem+json body, for example
+//
+//	{"type":"about:blank","title":"Too Many Requests","status":429,
+//	 "detail":"rate limit \"per_ip\" exceeded (120 requests per 1m0s); retry after 42 s",
+//	 "limit":"per_ip","requests":120,"window":"1m0s","retry_after":42}
+func problemBody(name string, l limiter.Limit, retry int64) []byte {
+	b, err := json.Marshal(problem{
+		Type:       "about:blank",
+		Title:      "Too Many Requests",
+		Status:     429,
+		Detail:     fmt.Sprintf("rate limit %q exceeded (%d requests per %v); retry after %d s", name, l.Requests, l.Window, retry),
+		Limit:      name,
+		Requests:   l.Requests,
+		Window:     l.Window.String(),
+		RetryAfter: retry,
+	})
+	if err != nil { // cannot happen: strings and numbers only
+		return nil
+	}
+	return b
+}
+
+// metadata is the response's dynamic_metadata: which limit decided, for
+// Envoy access logs (%DYNAMIC_METADATA(envoy.filters.http.ratelimit:rule)%).
+// It describes the request's most restrictive result k, shadow ones included:
+//
+//	domain      the request domain
+//	rule        the rule's name ("override" for an override without a rule)
+//	rule_id     the rule's ID ("" for an override without a rule)
+//	limit       the limit's name
+//	decision    ok, over_limit or shadow_over_limit
+//	source      who decided: store, fallback, failure_mode_allow, failure_mode_deny
+//	descriptor  the index of the request descriptor
+//	remaining   the limit's remaining hits
+func metadata(domain string, sc *scratch, k int) *structpb.Struct {
+	q, r, m := &sc.reqs[k], &sc.res[k], &sc.meta[k]
+	ruleID := ""
+	if m.rule != nil {
+		ruleID = m.rule.ID
+	}
+	return &structpb.Struct{Fields: map[string]*structpb.Value{
+		"domain":     structpb.NewStringValue(domain),
+		"rule":       structpb.NewStringValue(m.ruleName),
+		"rule_id":    structpb.NewStringValue(ruleID),
+		"limit":      structpb.NewStringValue(m.name),
+		"decision":   structpb.NewStringValue(outcomeOf(q, r).String()),
+		"source":     structpb.NewStringValue(r.Source.String()),
+		"descriptor": structpb.NewNumberValue(float64(m.desc)),
+		"remaining":  structpb.NewNumberValue(float64(r.Remaining)),
+	}}
+}

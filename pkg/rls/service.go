@@ -1,0 +1,455 @@
+package rls
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/envoy-rls/envoy-rls/pkg/descriptors"
+	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+)
+
+// Service implements envoy.service.ratelimit.v3.RateLimitService. It is safe
+// for concurrent use; it holds no per-request state between calls.
+type Service struct {
+	cfg     ConfigSource
+	lim     limiter.Limiter
+	headers HeaderMode
+	shadow  bool
+	log     *slog.Logger
+	limits  RequestLimits
+	obs     Observer
+	unknown unknownDomains
+	pool    sync.Pool // *scratch
+}
+
+// New returns a Service. Config and Limiter are required.
+func New(opts Options) (*Service, error) {
+	if opts.Config == nil {
+		return nil, errors.New("rls: Options.Config is required")
+	}
+	if opts.Limiter == nil {
+		return nil, errors.New("rls: Options.Limiter is required")
+	}
+	if opts.Headers > HeadersNone {
+		return nil, fmt.Errorf("rls: unknown header mode %v", opts.Headers)
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	maxUnknown := opts.MaxUnknownDomains
+	if maxUnknown <= 0 {
+		maxUnknown = 1000
+	}
+	s := &Service{
+		cfg:     opts.Config,
+		lim:     opts.Limiter,
+		headers: opts.Headers,
+		shadow:  opts.Shadow,
+		log:     log,
+		limits:  opts.Limits.withDefaults(),
+		obs:     opts.Observer,
+		unknown: unknownDomains{max: maxUnknown},
+	}
+	s.pool.New = func() any { return new(scratch) }
+	return s, nil
+}
+
+// Register registers s on srv as envoy.service.ratelimit.v3.RateLimitService.
+//
+// It registers a service description equal to the generated one except that
+// the request is decoded leniently: a request with a string that is not
+// UTF-8 is answered InvalidArgument naming the field (standard decoding would
+// answer Internal before s saw it). Interceptors see a
+// *rlsv3.RateLimitRequest as usual.
+func (s *Service) Register(srv grpc.ServiceRegistrar) {
+	srv.RegisterService(&serviceDesc, s)
+}
+
+// serviceDesc is rlsv3.RateLimitService_ServiceDesc with the lenient handler.
+// It is never modified.
+var serviceDesc = grpc.ServiceDesc{
+	ServiceName: "envoy.service.ratelimit.v3.RateLimitService",
+	HandlerType: (*rlsv3.RateLimitServiceServer)(nil),
+	Methods: []grpc.MethodDesc{{
+		MethodName: "ShouldRateLimit",
+		Handler:    shouldRateLimitHandler,
+	}},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "envoy/service/ratelimit/v3/rls.proto",
+}
+
+func shouldRateLimitHandler(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
+	in := new(lenientRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	s := srv.(*Service)
+	if interceptor == nil {
+		if in.err != nil {
+			return nil, in.err
+		}
+		return s.ShouldRateLimit(ctx, &in.req)
+	}
+	info := &grpc.UnaryServerInfo{Server: srv, FullMethod: rlsv3.RateLimitService_ShouldRateLimit_FullMethodName}
+	return interceptor(ctx, &in.req, info, func(ctx context.Context, req any) (any, error) {
+		if in.err != nil {
+			return nil, in.err
+		}
+		return s.ShouldRateLimit(ctx, req.(*rlsv3.RateLimitRequest))
+	})
+}
+
+// ShouldRateLimit answers one Envoy request.
+//
+// Errors are gRPC statuses: InvalidArgument for a malformed request (nothing
+// is counted), Unavailable when no configuration is loaded or the limiter
+// reports limiter.ErrUnavailable, DeadlineExceeded/Canceled when ctx ends
+// first, Internal otherwise. A response's overall code is OK or OVER_LIMIT,
+// never UNKNOWN (Envoy would treat UNKNOWN as OK).
+//
+// Semantics, for each request descriptor in order:
+//
+//   - Unknown domain: every descriptor is OK with no limit (as the
+//     incumbent); the domain is logged once and reported to the Observer.
+//   - The descriptor is matched with Config.Match. No rule: OK without
+//     current_limit. An unlimited rule: OK without current_limit, nothing is
+//     counted.
+//   - Each limit of the rule becomes one limiter.Request keyed by (domain,
+//     limit ID, every request entry key and value), so a key-only rule gives
+//     each distinct value its own counter. All requests of the Envoy request
+//     go to the limiter in one Check call, all-or-nothing.
+//   - Hits: the request's hits_addend, 0 meaning 1; a descriptor's own
+//     hits_addend, when present, replaces it, and an explicit 0 checks
+//     without consuming. A descriptor with is_negative_hits asks for a
+//     refund, which the limiter contract cannot express: it is checked
+//     without consuming, in shadow mode (it never makes the answer
+//     OVER_LIMIT).
+//   - Envoy's per-descriptor limit override (known domains only, as the
+//     incumbent) replaces the matched rule's limits, and applies even when
+//     no rule or an unlimited rule matched: one limit of requests_per_unit
+//     per unit × unit_multiplier (a month is 30 days, a year 365), with the
+//     algorithm and failure mode of the matched rule's first limit, else
+//     sliding_window and fallback. Its counter is keyed by the domain and
+//     the entries under an identity no rule can have. Following the
+//     incumbent, the rule's shadow_mode and replaces do not apply to an
+//     override (the global Shadow option does). It is reported under the
+//     rule's name, or "override" when no rule matched.
+//   - replaces: a rule whose replaces lists a name removes, within this
+//     request, every limit of the other matched rules that carries that
+//     name (as the incumbent does). A rule never removes its own limits;
+//     unlimited rules and overrides replace nothing. A descriptor left with
+//     no limit is OK without current_limit.
+//   - Shadow: a limit of a shadow_mode rule, or any limit when
+//     Options.Shadow is set, is counted and reported but never vetoes: its
+//     status is OK even when it would deny (Observer: shadow_over_limit).
+//   - The descriptor's status reports its most restrictive limit: an
+//     enforced denial (the longest Retry-After), else a shadow denial, else
+//     the fewest remaining hits (the first one on a tie).
+//
+// The overall code is OVER_LIMIT iff an enforced limit denied. Response
+// headers, body and metadata are described at HeaderMode, problemBody and
+// metadata.
+func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	if err := s.validate(req); err != nil {
+		return nil, err
+	}
+	cfg := s.cfg.Current()
+	if cfg == nil {
+		return nil, status.Error(codes.Unavailable, "no rate limit configuration loaded")
+	}
+	if !cfg.HasDomain(req.Domain) {
+		return s.unknownDomain(req), nil
+	}
+	sc := s.pool.Get().(*scratch)
+	defer s.putScratch(sc)
+	s.plan(cfg, req, sc)
+	if len(sc.reqs) > 0 {
+		if err := s.lim.Check(ctx, sc.reqs, sc.res); err != nil {
+			return nil, s.limiterError(ctx, req.Domain, err)
+		}
+	}
+	return s.respond(req, sc), nil
+}
+
+func (s *Service) limiterError(ctx context.Context, domain string, err error) error {
+	code := codes.Internal
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		code = codes.DeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
+	case errors.Is(err, limiter.ErrUnavailable):
+		code = codes.Unavailable
+	}
+	s.log.LogAttrs(ctx, slog.LevelWarn, "rate limit check failed",
+		slog.String("domain", domain), slog.String("code", code.String()), slog.Any("error", err))
+	return status.Errorf(code, "rate limit check: %v", err)
+}
+
+func (s *Service) unknownDomain(req *rlsv3.RateLimitRequest) *rlsv3.RateLimitResponse {
+	if s.unknown.first(req.Domain) {
+		s.log.Warn("request for an unknown domain: answering OK without limits", slog.String("domain", req.Domain))
+	}
+	if s.obs != nil {
+		s.obs.UnknownDomain(req.Domain)
+	}
+	n := len(req.Descriptors)
+	sts := make([]rlsv3.RateLimitResponse_DescriptorStatus, n)
+	resp := &rlsv3.RateLimitResponse{
+		OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, n),
+	}
+	for i := range sts {
+		sts[i].Code = rlsv3.RateLimitResponse_OK
+		resp.Statuses[i] = &sts[i]
+	}
+	return resp
+}
+
+// unknownDomains remembers the unknown domains already logged. It is bounded:
+// when max domains are remembered it forgets them all and starts over, so a
+// client inventing domains costs at most one log line per new domain and
+// max strings of memory.
+type unknownDomains struct {
+	mu   sync.Mutex
+	max  int
+	seen map[string]struct{}
+}
+
+// first reports whether domain was not remembered, and remembers it.
+func (u *unknownDomains) first(domain string) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if _, ok := u.seen[domain]; ok {
+		return false
+	}
+	if u.seen == nil || len(u.seen) >= u.max {
+		u.seen = make(map[string]struct{}, min(u.max, 64))
+	}
+	u.seen[domain] = struct{}{}
+	return true
+}
+
+// descKind is what a request descriptor turned into.
+type descKind uint8
+
+const (
+	kindNone      descKind = iota // no rule matched
+	kindUnlimited                 // an unlimited rule matched
+	kindRule                      // a rule with limits matched
+	kindOverride                  // Envoy sent a limit override
+)
+
+type descState struct {
+	kind descKind
+	rule *descriptors.Rule // nil for kindNone and an override without a rule
+	// first and n delimit the descriptor's limiter requests in
+	// scratch.reqs; n may be 0 for kindRule when replaces removed every
+	// limit.
+	first, n int
+}
+
+// reqMeta describes scratch.reqs[k] for the response.
+type reqMeta struct {
+	desc     int
+	rule     *descriptors.Rule
+	ruleName string
+	name     string // the limit's name
+	unit     rlsv3.RateLimitResponse_RateLimit_Unit
+	mult     uint32
+	keyStart int
+	keyEnd   int
+}
+
+type replacer struct {
+	name string
+	by   *descriptors.Rule
+}
+
+// scratch is the per-request working memory, reused through Service.pool so
+// that the hot path allocates only what the response itself needs.
+type scratch struct {
+	key       []byte // every request key, back to back
+	entries   []descriptors.Entry
+	descs     []descState
+	reqs      []limiter.Request
+	res       []limiter.Result
+	meta      []reqMeta
+	replacing []replacer
+	hdr       []byte   // header values, back to back
+	hdrEnds   []int    // end offset of each header value in hdr
+	hdrNames  []string // name of each header
+}
+
+func (s *Service) putScratch(sc *scratch) {
+	// Drop references into the request and the configuration so a pooled
+	// scratch keeps neither alive.
+	clear(sc.entries)
+	clear(sc.descs)
+	clear(sc.reqs)
+	clear(sc.meta)
+	clear(sc.replacing)
+	clear(sc.hdrNames)
+	sc.key = sc.key[:0]
+	sc.entries = sc.entries[:0]
+	sc.descs = sc.descs[:0]
+	sc.reqs = sc.reqs[:0]
+	sc.res = sc.res[:0]
+	sc.meta = sc.meta[:0]
+	sc.replacing = sc.replacing[:0]
+	sc.hdr = sc.hdr[:0]
+	sc.hdrEnds = sc.hdrEnds[:0]
+	sc.hdrNames = sc.hdrNames[:0]
+	s.pool.Put(sc)
+}
+
+// overrideName names an override's limit when no rule matched.
+const overrideName = "override"
+
+// plan matches every descriptor and builds the limiter requests in sc.
+func (s *Service) plan(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, sc *scratch) {
+	domain := req.Domain
+	defHits := uint64(req.HitsAddend)
+	if defHits == 0 {
+		defHits = 1
+	}
+
+	// Pass 1: match, and collect the names replaced by matched rules.
+	for _, d := range req.Descriptors {
+		sc.entries = sc.entries[:0]
+		for _, e := range d.Entries {
+			sc.entries = append(sc.entries, descriptors.Entry{Key: e.Key, Value: e.Value})
+		}
+		rule := cfg.Match(domain, sc.entries)
+		ds := descState{rule: rule}
+		switch {
+		case d.Limit != nil:
+			ds.kind = kindOverride
+		case rule == nil:
+			ds.kind = kindNone
+		case rule.Unlimited || len(rule.Limits) == 0:
+			ds.kind = kindUnlimited
+		default:
+			ds.kind = kindRule
+			for _, name := range rule.Replaces {
+				sc.replacing = append(sc.replacing, replacer{name: name, by: rule})
+			}
+		}
+		sc.descs = append(sc.descs, ds)
+	}
+
+	// Pass 2: one limiter request per limit.
+	for i := range sc.descs {
+		ds := &sc.descs[i]
+		d := req.Descriptors[i]
+		ds.first = len(sc.reqs)
+		hits, refund := defHits, false
+		if d.HitsAddend != nil {
+			hits = d.HitsAddend.Value
+		}
+		if d.IsNegativeHits {
+			hits, refund = 0, true
+		}
+		switch ds.kind {
+		case kindOverride:
+			o := d.Limit
+			mult := uint32(1)
+			if o.UnitMultiplier != nil {
+				mult = o.UnitMultiplier.Value
+			}
+			lim := limiter.Limit{
+				Requests: uint64(o.RequestsPerUnit),
+				Window:   time.Duration(overrideUnitSeconds(o.Unit)) * time.Duration(mult) * time.Second,
+			}
+			var fm limiter.FailureMode
+			ruleName := overrideName
+			if r := ds.rule; r != nil {
+				ruleName = r.Name
+				if len(r.Limits) > 0 {
+					lim.Algorithm = r.Limits[0].Limit.Algorithm
+					fm = r.Limits[0].FailureMode
+				}
+			}
+			start := len(sc.key)
+			sc.key = limiter.AppendKeyPart(sc.key, domain)
+			sc.key = limiter.AppendKeyPart(sc.key, "") // no rule has an empty ID
+			sc.key = appendEntries(sc.key, d)
+			sc.reqs = append(sc.reqs, limiter.Request{
+				Limit: lim, Hits: hits, Shadow: s.shadow || refund, FailureMode: fm,
+			})
+			sc.meta = append(sc.meta, reqMeta{
+				desc: i, rule: ds.rule, ruleName: ruleName, name: ruleName,
+				unit: rlsv3.RateLimitResponse_RateLimit_Unit(o.Unit), mult: mult,
+				keyStart: start, keyEnd: len(sc.key),
+			})
+		case kindRule:
+			r := ds.rule
+			for li := range r.Limits {
+				l := &r.Limits[li]
+				if sc.isReplaced(l.Name, r) {
+					continue
+				}
+				start := len(sc.key)
+				sc.key = limiter.AppendKeyPart(sc.key, domain)
+				sc.key = limiter.AppendKeyPart(sc.key, l.ID)
+				sc.key = appendEntries(sc.key, d)
+				unit, mult := reportedUnit(l)
+				sc.reqs = append(sc.reqs, limiter.Request{
+					Limit:       l.Limit,
+					Hits:        hits,
+					Shadow:      s.shadow || r.ShadowMode || refund,
+					FailureMode: l.FailureMode,
+				})
+				sc.meta = append(sc.meta, reqMeta{
+					desc: i, rule: r, ruleName: r.Name, name: l.Name, unit: unit, mult: mult,
+					keyStart: start, keyEnd: len(sc.key),
+				})
+			}
+		}
+		ds.n = len(sc.reqs) - ds.first
+	}
+	if len(sc.reqs) == 0 {
+		return
+	}
+	// One allocation for every key of the request: the limiter may keep a
+	// Key (the memory backend stores it), so it must not alias the pooled
+	// buffer.
+	all := string(sc.key)
+	for k := range sc.reqs {
+		sc.reqs[k].Key = all[sc.meta[k].keyStart:sc.meta[k].keyEnd]
+	}
+	if cap(sc.res) < len(sc.reqs) {
+		sc.res = make([]limiter.Result, len(sc.reqs))
+	}
+	sc.res = sc.res[:len(sc.reqs)]
+	clear(sc.res)
+}
+
+// isReplaced reports whether another matched rule than owner replaces name.
+func (sc *scratch) isReplaced(name string, owner *descriptors.Rule) bool {
+	for _, r := range sc.replacing {
+		if r.name == name && r.by != owner {
+			return true
+		}
+	}
+	return false
+}
+
+func appendEntries(dst []byte, d *ratelimitv3.RateLimitDescriptor) []byte {
+	for _, e := range d.Entries {
+		dst = limiter.AppendKeyPart(dst, e.Key)
+		dst = limiter.AppendKeyPart(dst, e.Value)
+	}
+	return dst
+}

@@ -1,0 +1,245 @@
+package rls
+
+import (
+	"errors"
+	"fmt"
+	"unicode/utf8"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+)
+
+// invalid returns the InvalidArgument error for a bad field.
+func invalid(format string, args ...any) error {
+	return status.Errorf(codes.InvalidArgument, format, args...)
+}
+
+// validate checks everything about req that does not need the configuration.
+// It runs before anything is matched or counted, so a bad request consumes
+// nothing. The error is an InvalidArgument status naming the field.
+func (s *Service) validate(req *rlsv3.RateLimitRequest) error {
+	lim := &s.limits
+	if req == nil {
+		return invalid("request: must not be null")
+	}
+	if err := checkString("domain", req.Domain, lim.MaxDomainBytes); err != nil {
+		return err
+	}
+	n := len(req.Descriptors)
+	switch {
+	case n == 0:
+		return invalid("descriptors: must not be empty")
+	case n > lim.MaxDescriptors:
+		return invalid("descriptors: %d descriptors exceed the maximum of %d", n, lim.MaxDescriptors)
+	}
+	for i, d := range req.Descriptors {
+		if d == nil {
+			return invalid("descriptors[%d]: must not be null", i)
+		}
+		m := len(d.Entries)
+		switch {
+		case m == 0:
+			return invalid("descriptors[%d].entries: must not be empty", i)
+		case m > lim.MaxEntries:
+			return invalid("descriptors[%d].entries: %d entries exceed the maximum of %d", i, m, lim.MaxEntries)
+		}
+		for j, e := range d.Entries {
+			if e == nil {
+				return invalid("descriptors[%d].entries[%d]: must not be null", i, j)
+			}
+			if err := checkEntryString(i, j, "key", e.Key, lim.MaxKeyBytes); err != nil {
+				return err
+			}
+			if err := checkEntryString(i, j, "value", e.Value, lim.MaxValueBytes); err != nil {
+				return err
+			}
+		}
+		if d.Limit != nil {
+			if err := checkOverride(i, d.Limit); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func checkString(field, v string, max int) error {
+	switch {
+	case v == "":
+		return invalid("%s: must not be empty", field)
+	case len(v) > max:
+		return invalid("%s: %d bytes exceed the maximum of %d", field, len(v), max)
+	case !utf8.ValidString(v):
+		return invalid("%s: invalid UTF-8", field)
+	}
+	return nil
+}
+
+// checkEntryString is checkString with the field path built only on failure.
+func checkEntryString(i, j int, name, v string, max int) error {
+	if v != "" && len(v) <= max && utf8.ValidString(v) {
+		return nil
+	}
+	return checkString(fmt.Sprintf("descriptors[%d].entries[%d].%s", i, j, name), v, max)
+}
+
+func checkOverride(i int, o *ratelimitv3.RateLimitDescriptor_RateLimitOverride) error {
+	if o.RequestsPerUnit == 0 {
+		return invalid("descriptors[%d].limit.requests_per_unit: must be positive", i)
+	}
+	if overrideUnitSeconds(o.Unit) == 0 {
+		return invalid("descriptors[%d].limit.unit: %v is not a known unit", i, o.Unit)
+	}
+	if o.UnitMultiplier != nil && o.UnitMultiplier.Value == 0 {
+		return invalid("descriptors[%d].limit.unit_multiplier: must be positive", i)
+	}
+	return nil
+}
+
+// overrideUnitSeconds is the length of a RateLimitUnit in seconds, as the
+// incumbent counts them (a month is 30 days, a year 365 days); 0 for UNKNOWN
+// and values outside the enum.
+func overrideUnitSeconds(u typev3.RateLimitUnit) int64 {
+	switch u {
+	case typev3.RateLimitUnit_SECOND:
+		return 1
+	case typev3.RateLimitUnit_MINUTE:
+		return 60
+	case typev3.RateLimitUnit_HOUR:
+		return 3600
+	case typev3.RateLimitUnit_DAY:
+		return 86400
+	case typev3.RateLimitUnit_MONTH:
+		return 30 * 86400
+	case typev3.RateLimitUnit_YEAR:
+		return 365 * 86400
+	}
+	return 0
+}
+
+// lenientRequest is what the registered gRPC handler decodes into. Standard
+// proto decoding rejects a proto3 string that is not valid UTF-8, and gRPC
+// turns any decoding failure into codes.Internal before a handler runs; Envoy
+// can send such bytes (a header value is not necessarily UTF-8), and it
+// should learn that its request was bad, and which field. lenientRequest is
+// a legacy-style message with its own Unmarshal method (the protobuf runtime
+// calls it instead of reflecting), which decodes the real request and keeps a
+// decoding error as an InvalidArgument status naming the field.
+type lenientRequest struct {
+	req rlsv3.RateLimitRequest
+	err error
+}
+
+// Reset, String and ProtoMessage make lenientRequest a (legacy) proto
+// message for the gRPC codec.
+func (r *lenientRequest) Reset()         { r.req.Reset(); r.err = nil }
+func (r *lenientRequest) String() string { return r.req.String() }
+func (*lenientRequest) ProtoMessage()    {}
+
+// Unmarshal decodes b; it never fails, see lenientRequest.
+func (r *lenientRequest) Unmarshal(b []byte) error {
+	if err := proto.Unmarshal(b, &r.req); err != nil {
+		r.err = decodeError(b, err)
+	}
+	return nil
+}
+
+// decodeError finds the field whose bytes made proto.Unmarshal fail with err:
+// the first string that is not UTF-8, with its path. Otherwise the request is
+// malformed protobuf.
+func decodeError(b []byte, err error) error {
+	if path := findInvalidUTF8(b); path != "" {
+		return invalid("%s: invalid UTF-8", path)
+	}
+	return invalid("request: malformed protobuf: %v", err)
+}
+
+// Field numbers of RateLimitRequest and its nested messages.
+const (
+	fieldDomain      = 1 // RateLimitRequest.domain
+	fieldDescriptors = 2 // RateLimitRequest.descriptors
+	fieldEntries     = 1 // RateLimitDescriptor.entries
+	fieldKey         = 1 // Entry.key
+	fieldValue       = 2 // Entry.value
+)
+
+var errWire = errors.New("malformed")
+
+// findInvalidUTF8 walks the wire form of a RateLimitRequest and returns the
+// path of the first string field that is not valid UTF-8, or "".
+func findInvalidUTF8(b []byte) string {
+	di := 0
+	var path string
+	_ = walkFields(b, func(num protowire.Number, v []byte) error {
+		switch num {
+		case fieldDomain:
+			if !utf8.Valid(v) {
+				path = "domain"
+				return errWire
+			}
+		case fieldDescriptors:
+			ei := 0
+			_ = walkFields(v, func(num protowire.Number, v []byte) error {
+				if num != fieldEntries {
+					return nil
+				}
+				_ = walkFields(v, func(num protowire.Number, v []byte) error {
+					if (num == fieldKey || num == fieldValue) && !utf8.Valid(v) {
+						name := "key"
+						if num == fieldValue {
+							name = "value"
+						}
+						path = fmt.Sprintf("descriptors[%d].entries[%d].%s", di, ei, name)
+						return errWire
+					}
+					return nil
+				})
+				ei++
+				if path != "" {
+					return errWire
+				}
+				return nil
+			})
+			di++
+			if path != "" {
+				return errWire
+			}
+		}
+		return nil
+	})
+	return path
+}
+
+// walkFields calls fn with every length-delimited field of the message b and
+// skips the others. It stops at the first error of fn or of the wire format.
+func walkFields(b []byte, fn func(protowire.Number, []byte) error) error {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return errWire
+		}
+		b = b[n:]
+		if typ != protowire.BytesType {
+			n = protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return errWire
+			}
+			b = b[n:]
+			continue
+		}
+		v, n := protowire.ConsumeBytes(b)
+		if n < 0 {
+			return errWire
+		}
+		b = b[n:]
+		if err := fn(num, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
