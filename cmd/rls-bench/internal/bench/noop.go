@@ -1,0 +1,83 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+// NoopServer is a RateLimitService v3 server that does no work: it answers
+// every ShouldRateLimit with overall code OK and one OK status per request
+// descriptor. Its throughput is the ceiling that the gRPC stack, the loopback
+// network and the load generator allow on this machine; a real server's rate
+// divided by it shows what the limiting itself costs.
+//
+// It also serves the standard gRPC health service (SERVING), so scripts can
+// wait for it. A NoopServer is safe for concurrent use; Close stops it.
+type NoopServer struct {
+	srv  *grpc.Server
+	lis  net.Listener
+	done chan struct{}
+	err  error // result of Serve, read after done is closed
+
+	closeOnce sync.Once
+}
+
+// StartNoop listens on addr ("127.0.0.1:0" picks a free loopback port) and
+// serves in a goroutine owned by the returned server until Close.
+func StartNoop(addr string) (*NoopServer, error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("noop server: listen on %s: %w", addr, err)
+	}
+	s := &NoopServer{srv: grpc.NewServer(), lis: lis, done: make(chan struct{})}
+	rlsv3.RegisterRateLimitServiceServer(s.srv, noopService{})
+	hs := health.NewServer()
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(s.srv, hs)
+	go func() {
+		defer close(s.done)
+		if err := s.srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			s.err = fmt.Errorf("noop server: serve: %w", err)
+		}
+	}()
+	return s, nil
+}
+
+// Addr returns the address the server listens on (host:port).
+func (s *NoopServer) Addr() string { return s.lis.Addr().String() }
+
+// Done is closed when the server has stopped serving.
+func (s *NoopServer) Done() <-chan struct{} { return s.done }
+
+// Close stops the server at once (in-flight calls are cancelled), waits for
+// its goroutine and returns the error that ended serving, if any other than
+// the stop itself.
+func (s *NoopServer) Close() error {
+	s.closeOnce.Do(s.srv.Stop)
+	<-s.done
+	return s.err
+}
+
+type noopService struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+}
+
+func (noopService) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	n := len(req.GetDescriptors())
+	statuses := make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)
+	backing := make([]rlsv3.RateLimitResponse_DescriptorStatus, n)
+	for i := range statuses {
+		backing[i].Code = rlsv3.RateLimitResponse_OK
+		statuses[i] = &backing[i]
+	}
+	return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: statuses}, nil
+}

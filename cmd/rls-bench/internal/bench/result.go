@@ -1,0 +1,270 @@
+package bench
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Result is the outcome of the measured phase of one run. Latencies are in
+// milliseconds. It is a plain value; its JSON form is one object per run.
+type Result struct {
+	Label       string           `json:"label"`
+	Target      string           `json:"target"`
+	Mode        string           `json:"mode"` // "closed" or "open"
+	Callers     int              `json:"callers"`
+	Connections int              `json:"connections"`
+	Descriptors int              `json:"descriptors"`               // descriptors per request
+	Cardinality int64            `json:"cardinality"`               // distinct indexes
+	Rate        float64          `json:"rate,omitempty"`            // open loop: intended requests per second
+	Scheduled   int64            `json:"scheduled,omitempty"`       // open loop: requests scheduled
+	Requests    int64            `json:"requests"`                  // calls completed (OK + OVER_LIMIT + errors)
+	ElapsedS    float64          `json:"elapsed_s"`                 // measured phase, start to last answer
+	RPS         float64          `json:"rps"`                       // Requests / ElapsedS
+	P50         float64          `json:"p50_ms"`                    //
+	P90         float64          `json:"p90_ms"`                    //
+	P99         float64          `json:"p99_ms"`                    //
+	P999        float64          `json:"p999_ms"`                   //
+	Max         float64          `json:"max_ms"`                    //
+	Mean        float64          `json:"mean_ms"`                   //
+	MaxSendLag  float64          `json:"max_send_lag_ms,omitempty"` // open loop: worst delay from intended to actual send
+	OK          int64            `json:"ok"`
+	OverLimit   int64            `json:"over_limit"`
+	Errors      int64            `json:"errors"`
+	ErrorKinds  map[string]int64 `json:"error_kinds,omitempty"` // gRPC code or overall_code → count
+	// Ceiling marks a run against a do-nothing server, the reference for
+	// CeilingFraction of other runs.
+	Ceiling bool `json:"ceiling,omitempty"`
+	// CeilingRPS and CeilingFraction (RPS / CeilingRPS) are set when a
+	// ceiling run with the same load was made.
+	CeilingRPS      float64 `json:"ceiling_rps,omitempty"`
+	CeilingFraction float64 `json:"ceiling_fraction,omitempty"`
+	// CPU is the CPU time each probed process used per completed request
+	// during the measured phase.
+	CPU []CPUUse `json:"cpu,omitempty"`
+}
+
+// CPUUse is one probed process's CPU time over the measured phase. The
+// reading comes from /proc in 10 ms ticks, so short runs are coarse.
+type CPUUse struct {
+	Name         string  `json:"name"`
+	Seconds      float64 `json:"seconds"`
+	MicrosPerReq float64 `json:"us_per_req"`
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func newResult(o Options, m measurement, before, after []time.Duration) *Result {
+	r := &Result{
+		Label:       o.Label,
+		Target:      o.Addr,
+		Mode:        o.Mode(),
+		Callers:     o.Concurrency,
+		Connections: o.Connections,
+		Descriptors: len(o.Descriptors),
+		Cardinality: o.Cardinality,
+		Requests:    int64(m.hist.Count()),
+		ElapsedS:    m.elapsed.Seconds(),
+		P50:         ms(m.hist.Quantile(0.50)),
+		P90:         ms(m.hist.Quantile(0.90)),
+		P99:         ms(m.hist.Quantile(0.99)),
+		P999:        ms(m.hist.Quantile(0.999)),
+		Max:         ms(m.hist.Max()),
+		Mean:        ms(m.hist.Mean()),
+		OK:          m.ok,
+		OverLimit:   m.overLimit,
+		ErrorKinds:  m.errs,
+	}
+	if o.Rate > 0 {
+		r.Rate, r.Scheduled, r.MaxSendLag = o.Rate, m.scheduled, ms(m.maxLag)
+	}
+	for _, v := range m.errs {
+		r.Errors += v
+	}
+	if r.ElapsedS > 0 {
+		r.RPS = float64(r.Requests) / r.ElapsedS
+	}
+	for i, p := range o.CPU {
+		used := after[i] - before[i]
+		u := CPUUse{Name: p.Name, Seconds: used.Seconds()}
+		if r.Requests > 0 {
+			u.MicrosPerReq = float64(used.Microseconds()) / float64(r.Requests)
+		}
+		r.CPU = append(r.CPU, u)
+	}
+	return r
+}
+
+// SetCeiling records the do-nothing server's rate for the same load.
+func (r *Result) SetCeiling(ceilingRPS float64) {
+	if ceilingRPS <= 0 {
+		return
+	}
+	r.CeilingRPS = ceilingRPS
+	r.CeilingFraction = r.RPS / ceilingRPS
+}
+
+// ceilingKey identifies "the same load" for matching a run with its ceiling
+// run: mode, callers and (open loop) rate.
+func ceilingKey(r *Result) string {
+	return fmt.Sprintf("%s/%d/%g", r.Mode, r.Callers, r.Rate)
+}
+
+// FillCeilings sets CeilingRPS/CeilingFraction of every non-ceiling result
+// that lacks them from the ceiling result with the same mode, callers and
+// rate (the last such, when there are several).
+func FillCeilings(rs []*Result) {
+	ceil := map[string]float64{}
+	for _, r := range rs {
+		if r.Ceiling {
+			ceil[ceilingKey(r)] = r.RPS
+		}
+	}
+	for _, r := range rs {
+		if !r.Ceiling && r.CeilingRPS == 0 {
+			r.SetCeiling(ceil[ceilingKey(r)])
+		}
+	}
+}
+
+// WriteJSON writes each result as one JSON object per line.
+func WriteJSON(w io.Writer, rs []*Result) error {
+	enc := json.NewEncoder(w)
+	for _, r := range rs {
+		if err := enc.Encode(r); err != nil {
+			return fmt.Errorf("write json: %w", err)
+		}
+	}
+	return nil
+}
+
+// ReadJSON reads results written by WriteJSON (one object per line, or any
+// sequence of JSON objects).
+func ReadJSON(rd io.Reader) ([]*Result, error) {
+	dec := json.NewDecoder(rd)
+	var rs []*Result
+	for dec.More() {
+		r := &Result{}
+		if err := dec.Decode(r); err != nil {
+			return rs, fmt.Errorf("read json result %d: %w", len(rs)+1, err)
+		}
+		rs = append(rs, r)
+	}
+	return rs, nil
+}
+
+// WriteTable writes the results as an aligned table: one row per run, one
+// "<name> µs/req" column per CPU probe name seen in any result, and the
+// fraction of the ceiling when known. Latencies are in milliseconds.
+func WriteTable(w io.Writer, rs []*Result) error {
+	var cpuNames []string
+	for _, r := range rs {
+		for _, c := range r.CPU {
+			if !slices.Contains(cpuNames, c.Name) {
+				cpuNames = append(cpuNames, c.Name)
+			}
+		}
+	}
+	head := []string{"label", "target", "callers", "rps", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms", "OK", "OVER_LIMIT", "errors", "ceiling"}
+	for _, n := range cpuNames {
+		head = append(head, n+" µs/req")
+	}
+	rows := [][]string{head}
+	for _, r := range rs {
+		callers := fmt.Sprint(r.Callers)
+		if r.Mode == "open" {
+			callers = fmt.Sprintf("%d@%g/s", r.Callers, r.Rate)
+		}
+		ceiling := "-"
+		switch {
+		case r.Ceiling:
+			ceiling = "(ceiling)"
+		case r.CeilingRPS > 0:
+			ceiling = fmt.Sprintf("%.0f%%", 100*r.CeilingFraction)
+		}
+		row := []string{
+			r.Label, r.Target, callers, fmt.Sprintf("%.0f", r.RPS),
+			lat(r.P50), lat(r.P90), lat(r.P99), lat(r.P999), lat(r.Max),
+			fmt.Sprint(r.OK), fmt.Sprint(r.OverLimit), errCell(r), ceiling,
+		}
+		for _, n := range cpuNames {
+			cell := "-"
+			for _, c := range r.CPU {
+				if c.Name == n {
+					cell = fmt.Sprintf("%.1f", c.MicrosPerReq)
+				}
+			}
+			row = append(row, cell)
+		}
+		rows = append(rows, row)
+	}
+	if _, err := io.WriteString(w, alignRows(rows, 2)); err != nil {
+		return fmt.Errorf("write table: %w", err)
+	}
+	return nil
+}
+
+// alignRows lays rows out in columns separated by two spaces: the first
+// `left` columns (names) aligned left, the others (numbers) aligned right.
+func alignRows(rows [][]string, left int) string {
+	var width []int
+	for _, row := range rows {
+		for i, cell := range row {
+			if i >= len(width) {
+				width = append(width, 0)
+			}
+			width[i] = max(width[i], utf8.RuneCountInString(cell))
+		}
+	}
+	var b strings.Builder
+	for _, row := range rows {
+		for i, cell := range row {
+			pad := strings.Repeat(" ", width[i]-utf8.RuneCountInString(cell))
+			if i > 0 {
+				b.WriteString("  ")
+			}
+			if i < left {
+				b.WriteString(cell)
+				if i < len(row)-1 {
+					b.WriteString(pad)
+				}
+			} else {
+				b.WriteString(pad + cell)
+			}
+		}
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+func lat(v float64) string {
+	switch {
+	case v >= 100:
+		return fmt.Sprintf("%.0f", v)
+	case v >= 10:
+		return fmt.Sprintf("%.1f", v)
+	default:
+		return fmt.Sprintf("%.3f", v)
+	}
+}
+
+// errCell shows the error count and, when there are errors, the most
+// frequent kind.
+func errCell(r *Result) string {
+	if r.Errors == 0 {
+		return "0"
+	}
+	kinds := slices.SortedFunc(maps.Keys(r.ErrorKinds), func(a, b string) int {
+		return cmp.Or(cmp.Compare(r.ErrorKinds[b], r.ErrorKinds[a]), cmp.Compare(a, b))
+	})
+	if len(kinds) == 0 {
+		return fmt.Sprint(r.Errors)
+	}
+	return fmt.Sprintf("%d (%s)", r.Errors, kinds[0])
+}

@@ -1,0 +1,96 @@
+package bench
+
+import (
+	"bytes"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestResultsJSONRoundTripAndCeilings(t *testing.T) {
+	in := []*Result{
+		{Label: "ceiling", Mode: "closed", Callers: 16, RPS: 40000, Ceiling: true, OK: 1},
+		{Label: "ceiling64", Mode: "closed", Callers: 64, RPS: 50000, Ceiling: true},
+		{Label: "one-key", Mode: "closed", Callers: 16, RPS: 10000, OK: 5, OverLimit: 2, Errors: 1,
+			ErrorKinds: map[string]int64{"Unavailable": 1}, CPU: []CPUUse{{Name: "rls", MicrosPerReq: 51.25}}},
+		{Label: "one-key64", Mode: "closed", Callers: 64, RPS: 25000},
+		{Label: "open", Mode: "open", Callers: 16, Rate: 3000, RPS: 3000},
+	}
+	var buf bytes.Buffer
+	if err := WriteJSON(&buf, in); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(buf.String(), "\n"); n != len(in) {
+		t.Errorf("JSON has %d lines, want one per result (%d)", n, len(in))
+	}
+	out, err := ReadJSON(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(in, out) {
+		t.Fatalf("round trip changed results:\n in %+v\nout %+v", in, out)
+	}
+	FillCeilings(out)
+	for _, r := range out {
+		var want float64
+		switch {
+		case r.Ceiling || r.Mode == "open": // no ceiling run for open loop at 3000/s
+		case r.Callers == 16:
+			want = in[0].RPS
+		case r.Callers == 64:
+			want = in[1].RPS
+		}
+		if r.CeilingRPS != want || (want > 0 && r.CeilingFraction != r.RPS/want) {
+			t.Errorf("%s: ceiling %v fraction %v, want ceiling %v", r.Label, r.CeilingRPS, r.CeilingFraction, want)
+		}
+	}
+	var tbl bytes.Buffer
+	if err := WriteTable(&tbl, out); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimRight(tbl.String(), "\n"), "\n")
+	if len(lines) != 1+len(in) {
+		t.Fatalf("table has %d lines, want header + %d:\n%s", len(lines), len(in), tbl.String())
+	}
+	for _, want := range []string{"rls µs/req", "p99.9 ms", "OVER_LIMIT", "(ceiling)", "25%", "51.2", "1 (Unavailable)", "16@3000/s"} {
+		if !strings.Contains(tbl.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, tbl.String())
+		}
+	}
+}
+
+func TestParseCPUProbeAndRead(t *testing.T) {
+	p, err := ParseCPUProbe("rls=1234")
+	if err != nil || p != (CPUProbe{Name: "rls", PID: 1234}) {
+		t.Errorf("ParseCPUProbe(rls=1234) = %+v, %v", p, err)
+	}
+	p, err = ParseCPUProbe("me=self")
+	if err != nil || p != (CPUProbe{Name: "me"}) {
+		t.Errorf("ParseCPUProbe(me=self) = %+v, %v", p, err)
+	}
+	for _, bad := range []string{"rls", "=1", "rls=x", "rls=0", "rls=-2"} {
+		if _, err := ParseCPUProbe(bad); err == nil {
+			t.Errorf("ParseCPUProbe(%q): no error", bad)
+		}
+	}
+	// This process has used some CPU by now; burn a little to be sure the
+	// reading moves and never goes backwards.
+	before, err := procCPU(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := 0
+	for i := range 1 << 27 {
+		x ^= i * i
+	}
+	after, err := procCPU(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after < before || after == 0 {
+		t.Errorf("cpu time went from %v to %v (x=%d)", before, after, x)
+	}
+	if _, err := procCPU(1 << 30); err == nil {
+		t.Errorf("procCPU of a non-existent pid: no error")
+	}
+}

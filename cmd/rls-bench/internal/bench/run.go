@@ -1,0 +1,414 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// Options describe one run. The zero value of a field means its documented
+// default.
+type Options struct {
+	// Addr is the target server, host:port. Required.
+	Addr string
+	// Label names the run in reports. Default: the target address.
+	Label string
+	// Connections is the number of gRPC client connections (each one TCP
+	// connection); calls are spread over them round-robin. Default 4.
+	Connections int
+	// Concurrency is the number of callers. In closed-loop mode each caller
+	// sends its next request as soon as the previous answer arrives; in
+	// open-loop mode it bounds the requests in flight. Default 16.
+	Concurrency int
+	// Duration is the length of the measured phase when Requests is 0.
+	// Default 10s.
+	Duration time.Duration
+	// Requests, when positive, is the number of measured requests; the run
+	// then lasts as long as they take and Duration is ignored.
+	Requests int64
+	// Warmup is a phase run before the measured one with the same load, whose
+	// results are discarded. 0 means none (the command line defaults to 2s).
+	Warmup time.Duration
+	// Rate, when positive, selects open-loop mode: request k of a phase is
+	// due at t0 + k/Rate, its latency is measured from that intended time,
+	// and its deadline (Timeout) runs from it too. A request that no caller
+	// was free to send in time is sent late and its lateness counts in its
+	// latency; one whose deadline passed before it could be sent is recorded
+	// as a DeadlineExceeded error with its full wait.
+	Rate float64
+	// Domain is the rate-limit domain of every request. Default "edge".
+	Domain string
+	// Descriptors are the request's descriptors, one per template. At least
+	// one is required.
+	Descriptors []Template
+	// Cardinality is the number of distinct indexes: each request draws an
+	// index uniformly from [0, Cardinality) and expands every template with
+	// it. Default 1 (index 0 only: one key).
+	Cardinality int64
+	// Hits, when positive, is sent as the request's hits_addend; 0 leaves it
+	// unset (the server counts 1).
+	Hits uint32
+	// Timeout is each request's deadline. Default 1s.
+	Timeout time.Duration
+	// ConnectTimeout bounds the wait for every connection to be ready before
+	// the run starts. Default 5s.
+	ConnectTimeout time.Duration
+	// CPU lists processes whose CPU time (user + system) is read before and
+	// after the measured phase, to report CPU µs per request.
+	CPU []CPUProbe
+	// Seed makes the index sequence reproducible; 0 picks a random seed.
+	Seed uint64
+	// Now is the clock (monotonic readings are used for intervals).
+	// Default time.Now.
+	Now func() time.Time
+}
+
+func (o Options) withDefaults() (Options, error) {
+	if o.Addr == "" {
+		return o, errors.New("no target address")
+	}
+	if o.Label == "" {
+		o.Label = o.Addr
+	}
+	if o.Connections <= 0 {
+		o.Connections = 4
+	}
+	if o.Concurrency <= 0 {
+		o.Concurrency = 16
+	}
+	if o.Duration <= 0 {
+		o.Duration = 10 * time.Second
+	}
+	if o.Domain == "" {
+		o.Domain = "edge"
+	}
+	if len(o.Descriptors) == 0 {
+		return o, errors.New("no descriptor template")
+	}
+	if o.Cardinality <= 0 {
+		o.Cardinality = 1
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = time.Second
+	}
+	if o.ConnectTimeout <= 0 {
+		o.ConnectTimeout = 5 * time.Second
+	}
+	if o.Rate < 0 || o.Warmup < 0 || o.Requests < 0 {
+		return o, errors.New("negative rate, warmup or request count")
+	}
+	if o.Seed == 0 {
+		o.Seed = rand.Uint64()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return o, nil
+}
+
+// Mode returns "open" for an open-loop (fixed-rate) run and "closed" otherwise.
+func (o Options) Mode() string {
+	if o.Rate > 0 {
+		return "open"
+	}
+	return "closed"
+}
+
+// Run executes one run against o.Addr: it connects, runs the warm-up phase
+// (discarded) and the measured phase, and returns the measured Result. It
+// returns an error only when the run could not be carried out (bad options,
+// target unreachable, ctx cancelled); failed calls are counted in the Result.
+// Run owns every goroutine it starts and returns after all have stopped.
+func Run(ctx context.Context, o Options) (*Result, error) {
+	o, err := o.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	clients, closeAll, err := dial(ctx, o)
+	if err != nil {
+		return nil, fmt.Errorf("bench %s: %w", o.Label, err)
+	}
+	defer closeAll()
+
+	if o.Warmup > 0 {
+		wo := o
+		wo.Requests, wo.Duration = 0, o.Warmup
+		if _, err := phase(ctx, wo, clients, 1); err != nil {
+			return nil, fmt.Errorf("bench %s: warm-up: %w", o.Label, err)
+		}
+	}
+	before, err := readCPU(o.CPU)
+	if err != nil {
+		return nil, fmt.Errorf("bench %s: %w", o.Label, err)
+	}
+	m, err := phase(ctx, o, clients, 2)
+	if err != nil {
+		return nil, fmt.Errorf("bench %s: %w", o.Label, err)
+	}
+	after, err := readCPU(o.CPU)
+	if err != nil {
+		return nil, fmt.Errorf("bench %s: %w", o.Label, err)
+	}
+	return newResult(o, m, before, after), nil
+}
+
+// dial opens o.Connections client connections and waits until each is
+// ready, so connection set-up is not part of the measurement.
+func dial(ctx context.Context, o Options) ([]rlsv3.RateLimitServiceClient, func(), error) {
+	var conns []*grpc.ClientConn
+	closeAll := func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}
+	cctx, cancel := context.WithTimeout(ctx, o.ConnectTimeout)
+	defer cancel()
+	clients := make([]rlsv3.RateLimitServiceClient, 0, o.Connections)
+	for range o.Connections {
+		cc, err := grpc.NewClient(o.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("connect to %s: %w", o.Addr, err)
+		}
+		conns = append(conns, cc)
+		clients = append(clients, rlsv3.NewRateLimitServiceClient(cc))
+		cc.Connect()
+	}
+	for _, cc := range conns {
+		for st := cc.GetState(); st != connectivity.Ready; st = cc.GetState() {
+			if !cc.WaitForStateChange(cctx, st) {
+				closeAll()
+				return nil, nil, fmt.Errorf("connect to %s: not ready within %v (last state %v)", o.Addr, o.ConnectTimeout, st)
+			}
+		}
+	}
+	return clients, closeAll, nil
+}
+
+// measurement is what one phase observed, merged over all callers.
+type measurement struct {
+	tally
+	scheduled int64         // open loop: requests scheduled
+	elapsed   time.Duration // from phase start to the last answer
+	maxLag    time.Duration // open loop: largest delay between intended and actual send
+}
+
+// tally is what one caller observed; callers own theirs and they are merged
+// at the end.
+type tally struct {
+	hist      Histogram
+	ok        int64
+	overLimit int64
+	errs      map[string]int64
+	lag       time.Duration
+}
+
+func (t *tally) merge(o *tally) {
+	t.hist.Merge(&o.hist)
+	t.ok += o.ok
+	t.overLimit += o.overLimit
+	for k, v := range o.errs {
+		if t.errs == nil {
+			t.errs = map[string]int64{}
+		}
+		t.errs[k] += v
+	}
+	t.lag = max(t.lag, o.lag)
+}
+
+// caller holds one caller goroutine's state: its request message (reused,
+// since a call has finished marshalling it when it returns), its index
+// source and its tally.
+type caller struct {
+	o       *Options
+	clients []rlsv3.RateLimitServiceClient
+	next    int // round-robin position over clients
+	rng     *rand.Rand
+	req     *rlsv3.RateLimitRequest
+	varies  bool
+	buf     []byte
+	tally
+}
+
+func newCaller(o *Options, clients []rlsv3.RateLimitServiceClient, id int, stream uint64) *caller {
+	c := &caller{
+		o:       o,
+		clients: clients,
+		next:    id % len(clients),
+		rng:     rand.New(rand.NewPCG(o.Seed, stream<<32|uint64(id))),
+		req:     &rlsv3.RateLimitRequest{Domain: o.Domain, HitsAddend: o.Hits},
+	}
+	for _, t := range o.Descriptors {
+		d := &ratelimitv3.RateLimitDescriptor{}
+		for j := range t.Len() {
+			d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: t.Key(j)})
+		}
+		c.req.Descriptors = append(c.req.Descriptors, d)
+		c.varies = c.varies || t.Varies()
+	}
+	c.fill(0)
+	return c
+}
+
+// fill sets the descriptor values for index i.
+func (c *caller) fill(i int64) {
+	for k, t := range c.o.Descriptors {
+		for j, e := range c.req.Descriptors[k].Entries {
+			c.buf = t.AppendValue(c.buf[:0], j, i)
+			if e.Value != string(c.buf) {
+				e.Value = string(c.buf)
+			}
+		}
+	}
+}
+
+// call sends one request whose latency counts from start and whose deadline
+// is start + Timeout, and records the outcome.
+func (c *caller) call(ctx context.Context, start time.Time) {
+	if c.varies && c.o.Cardinality > 1 {
+		c.fill(c.rng.Int64N(c.o.Cardinality))
+	}
+	cl := c.clients[c.next]
+	c.next = (c.next + 1) % len(c.clients)
+	cctx, cancel := context.WithDeadline(ctx, start.Add(c.o.Timeout))
+	resp, err := cl.ShouldRateLimit(cctx, c.req)
+	cancel()
+	c.hist.RecordDuration(c.o.Now().Sub(start))
+	switch {
+	case err != nil:
+		c.countErr(status.Code(err).String())
+	case resp.GetOverallCode() == rlsv3.RateLimitResponse_OK:
+		c.ok++
+	case resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT:
+		c.overLimit++
+	default:
+		c.countErr("overall_code=" + resp.GetOverallCode().String())
+	}
+}
+
+func (c *caller) countErr(kind string) {
+	if c.errs == nil {
+		c.errs = map[string]int64{}
+	}
+	c.errs[kind]++
+}
+
+// phase runs one phase with o's load and returns what it measured. stream
+// separates the index sequences of the phases.
+func phase(ctx context.Context, o Options, clients []rlsv3.RateLimitServiceClient, stream uint64) (measurement, error) {
+	callers := make([]*caller, o.Concurrency)
+	for id := range callers {
+		callers[id] = newCaller(&o, clients, id, stream)
+	}
+	var (
+		m     measurement
+		start time.Time
+	)
+	if o.Rate > 0 {
+		m.scheduled, start = openLoop(ctx, &o, callers)
+	} else {
+		start = closedLoop(ctx, &o, callers)
+	}
+	m.elapsed = o.Now().Sub(start)
+	for _, c := range callers {
+		m.merge(&c.tally)
+	}
+	m.maxLag = m.lag
+	if err := ctx.Err(); err != nil {
+		return m, err
+	}
+	return m, nil
+}
+
+// closedLoop runs the callers back to back until the request budget or the
+// duration is used up, and returns the phase's start time.
+func closedLoop(ctx context.Context, o *Options, callers []*caller) time.Time {
+	var (
+		wg     sync.WaitGroup
+		budget atomic.Int64
+	)
+	budget.Store(o.Requests)
+	start := o.Now()
+	end := start.Add(o.Duration)
+	for _, c := range callers {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				if o.Requests > 0 {
+					if budget.Add(-1) < 0 {
+						return
+					}
+				}
+				t := o.Now()
+				if o.Requests == 0 && !t.Before(end) {
+					return
+				}
+				c.call(ctx, t)
+			}
+		})
+	}
+	wg.Wait()
+	return start
+}
+
+// openLoop schedules requests at start + k/Rate and hands each intended time
+// to the first free caller. It returns the number of requests scheduled and
+// the phase's start time.
+func openLoop(ctx context.Context, o *Options, callers []*caller) (int64, time.Time) {
+	due := make(chan time.Time, len(callers))
+	var wg sync.WaitGroup
+	for _, c := range callers {
+		wg.Go(func() {
+			for intended := range due {
+				if lag := o.Now().Sub(intended); lag > c.lag {
+					c.lag = lag
+				}
+				c.call(ctx, intended)
+			}
+		})
+	}
+	start := o.Now()
+	interval := float64(time.Second) / o.Rate
+	var (
+		k     int64
+		timer = time.NewTimer(time.Hour)
+	)
+	timer.Stop()
+	defer timer.Stop()
+schedule:
+	for ; ctx.Err() == nil; k++ {
+		if o.Requests > 0 && k >= o.Requests {
+			break
+		}
+		intended := start.Add(time.Duration(float64(k) * interval))
+		if o.Requests == 0 && intended.Sub(start) >= o.Duration {
+			break
+		}
+		if wait := intended.Sub(o.Now()); wait > 0 {
+			timer.Reset(wait)
+			select {
+			case <-timer.C:
+			case <-ctx.Done():
+				break schedule
+			}
+		}
+		select {
+		case due <- intended:
+		case <-ctx.Done():
+			break schedule
+		}
+	}
+	close(due)
+	wg.Wait()
+	return k, start
+}

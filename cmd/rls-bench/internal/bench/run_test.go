@@ -1,0 +1,207 @@
+package bench
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+)
+
+func mustTemplates(t *testing.T, srcs ...string) []Template {
+	t.Helper()
+	var out []Template
+	for _, s := range srcs {
+		tmpl, err := ParseTemplate(s)
+		if err != nil {
+			t.Fatalf("ParseTemplate(%q): %v", s, err)
+		}
+		out = append(out, tmpl)
+	}
+	return out
+}
+
+func startNoop(t *testing.T) *NoopServer {
+	t.Helper()
+	s, err := StartNoop("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("noop server: %v", err)
+		}
+	})
+	return s
+}
+
+func TestRunClosedLoopRequestsAgainstNoop(t *testing.T) {
+	s := startNoop(t)
+	res, err := Run(context.Background(), Options{
+		Addr:        s.Addr(),
+		Label:       "noop",
+		Connections: 3,
+		Concurrency: 7,
+		Requests:    300,
+		Descriptors: mustTemplates(t, "remote_address=10.0.{i}", "tenant=t{i%10},user=u{i}"),
+		Cardinality: 1000,
+		CPU:         []CPUProbe{{Name: "self"}},
+	})
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if res.Requests != 300 || res.OK != 300 || res.OverLimit != 0 || res.Errors != 0 {
+		t.Errorf("requests=%d ok=%d over=%d errors=%d (%v), want 300/300/0/0",
+			res.Requests, res.OK, res.OverLimit, res.Errors, res.ErrorKinds)
+	}
+	if res.Mode != "closed" || res.Callers != 7 || res.Connections != 3 || res.Descriptors != 2 || res.Label != "noop" {
+		t.Errorf("result describes the wrong run: %+v", res)
+	}
+	if !(res.P50 <= res.P90 && res.P90 <= res.P99 && res.P99 <= res.P999 && res.P999 <= res.Max) || res.Max <= 0 {
+		t.Errorf("percentiles not ordered or empty: p50=%v p90=%v p99=%v p99.9=%v max=%v", res.P50, res.P90, res.P99, res.P999, res.Max)
+	}
+	if len(res.CPU) != 1 || res.CPU[0].Name != "self" || res.CPU[0].Seconds < 0 {
+		t.Errorf("CPU = %+v, want one non-negative probe named self", res.CPU)
+	}
+}
+
+// judgeServer answers OVER_LIMIT when the user entry's number is odd and OK
+// otherwise, and remembers what it saw, so the test can check that the load
+// generator sent what the templates say and classified the answers.
+type judgeServer struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	mu      sync.Mutex
+	calls   int
+	odd     int
+	domains map[string]int
+	hits    map[uint32]int
+	users   map[int64]bool
+	bad     []string // malformed requests
+}
+
+func (j *judgeServer) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.calls++
+	j.domains[req.GetDomain()]++
+	j.hits[req.GetHitsAddend()]++
+	ds := req.GetDescriptors()
+	if len(ds) != 2 || len(ds[0].GetEntries()) != 1 || len(ds[1].GetEntries()) != 2 {
+		j.bad = append(j.bad, req.String())
+		return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}, nil
+	}
+	// Every descriptor of one request is expanded with the same index.
+	ip := strings.TrimPrefix(ds[0].GetEntries()[0].GetValue(), "10.0.")
+	tenant := ds[1].GetEntries()[0]
+	user := ds[1].GetEntries()[1]
+	i, err := strconv.ParseInt(strings.TrimPrefix(user.GetValue(), "u"), 10, 64)
+	if err != nil || ip != strconv.FormatInt(i, 10) || tenant.GetKey() != "tenant" ||
+		tenant.GetValue() != "t"+strconv.FormatInt(i%10, 10) || i < 0 || i >= 50 {
+		j.bad = append(j.bad, req.String())
+	}
+	j.users[i] = true
+	code := rlsv3.RateLimitResponse_OK
+	if i%2 == 1 {
+		j.odd++
+		code = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	return &rlsv3.RateLimitResponse{OverallCode: code}, nil
+}
+
+func startJudge(t *testing.T) (*judgeServer, string) {
+	t.Helper()
+	j := &judgeServer{domains: map[string]int{}, hits: map[uint32]int{}, users: map[int64]bool{}}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	rlsv3.RegisterRateLimitServiceServer(srv, j)
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(lis) }()
+	t.Cleanup(func() {
+		srv.Stop()
+		if err := <-done; err != nil {
+			t.Errorf("judge server: %v", err)
+		}
+	})
+	return j, lis.Addr().String()
+}
+
+func TestRunSendsTemplatesAndClassifies(t *testing.T) {
+	j, addr := startJudge(t)
+	res, err := Run(context.Background(), Options{
+		Addr:        addr,
+		Concurrency: 5,
+		Requests:    400,
+		Domain:      "bench",
+		Hits:        3,
+		Descriptors: mustTemplates(t, "remote_address=10.0.{i}", "tenant=t{i%10},user=u{i}"),
+		Cardinality: 50,
+		Seed:        42,
+	})
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if len(j.bad) > 0 {
+		t.Fatalf("%d malformed requests, first: %s", len(j.bad), j.bad[0])
+	}
+	if j.calls != 400 || j.domains["bench"] != 400 || j.hits[3] != 400 {
+		t.Errorf("server saw calls=%d domains=%v hits=%v, want 400 calls in domain bench with hits_addend 3", j.calls, j.domains, j.hits)
+	}
+	if res.Requests != 400 || res.OverLimit != int64(j.odd) || res.OK != int64(400-j.odd) || res.Errors != 0 {
+		t.Errorf("result ok=%d over=%d errors=%d; server answered %d OK and %d OVER_LIMIT",
+			res.OK, res.OverLimit, res.Errors, 400-j.odd, j.odd)
+	}
+	// 400 uniform draws from 50 indexes: missing one has probability < 1e-5
+	// (and the seed is fixed).
+	if len(j.users) != 50 {
+		t.Errorf("server saw %d distinct indexes, want all 50", len(j.users))
+	}
+}
+
+func TestRunOpenLoopSendsEveryScheduledRequest(t *testing.T) {
+	s := startNoop(t)
+	res, err := Run(context.Background(), Options{
+		Addr:        s.Addr(),
+		Concurrency: 4,
+		Requests:    250,
+		Rate:        5000,
+		Descriptors: mustTemplates(t, "remote_address=10.0.0.1"),
+	})
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if res.Mode != "open" || res.Rate != 5000 {
+		t.Errorf("mode=%s rate=%v, want open at 5000", res.Mode, res.Rate)
+	}
+	if res.Scheduled != 250 || res.Requests != 250 || res.OK != 250 || res.Errors != 0 {
+		t.Errorf("scheduled=%d recorded=%d ok=%d errors=%d (%v), want 250/250/250/0",
+			res.Scheduled, res.Requests, res.OK, res.Errors, res.ErrorKinds)
+	}
+}
+
+func TestRunUnreachableTarget(t *testing.T) {
+	s := startNoop(t)
+	addr := s.Addr()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Run(context.Background(), Options{
+		Addr:        addr,
+		Requests:    1,
+		Descriptors: mustTemplates(t, "k=v"),
+		// Keep the test quick; the address is closed so it cannot connect.
+		ConnectTimeout: 300 * time.Millisecond,
+	})
+	if err == nil || !strings.Contains(err.Error(), "connect to "+addr) {
+		t.Errorf("Run against a closed port: err = %v, want a connect error naming %s", err, addr)
+	}
+}

@@ -1,0 +1,313 @@
+// Command rls-bench is a load generator for any Envoy RateLimitService v3
+// gRPC server (envoy-rls, envoyproxy/ratelimit, ...). It reports throughput,
+// latency percentiles, the answers (OK, OVER_LIMIT, errors), optionally the
+// CPU time per request of named processes, and the throughput as a fraction
+// of a do-nothing server's (the "ceiling").
+//
+// Usage:
+//
+//	rls-bench [flags]                  run load against --addr (see -h)
+//	rls-bench serve-noop [--addr :8089] run a do-nothing RLS server
+//	rls-bench report [file ...]        combine JSON results into one table
+//
+// Closed loop (default): --concurrency callers each send a request as soon as
+// the previous one is answered. Open loop (--rate R): request k is due at
+// t0 + k/R and its latency (and deadline) counts from that intended time, so
+// a server that stalls is charged for every request that should have been
+// sent meanwhile (no coordinated omission); --concurrency then bounds the
+// requests in flight, and requests a saturated generator sends late still
+// count their lateness.
+//
+// The ceiling: --self-test (alias --ceiling) starts a do-nothing server in
+// this process on 127.0.0.1:0 and runs the identical load against it first;
+// --ceiling-addr uses a do-nothing server already running elsewhere, e.g.
+// `rls-bench serve-noop` in its own process. In process is convenient but the
+// server shares this process's CPU and Go scheduler with the generator, so
+// the ceiling it reports is lower than a separate process would reach on a
+// machine with spare cores (and on a small machine both compete for the same
+// cores either way). A separate process is the fairer comparison, because the
+// real target runs as a separate process too.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/envoy-rls/envoy-rls/cmd/rls-bench/internal/bench"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run is the whole command with its environment passed in; it returns the
+// exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "serve-noop":
+			return serveNoop(ctx, args[1:], stderr)
+		case "report":
+			return report(args[1:], os.Stdin, stdout, stderr)
+		}
+	}
+	cfg, err := parseLoad(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "rls-bench: %v\n", err)
+		return 2
+	}
+	results, err := load(ctx, cfg, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "rls-bench: %v\n", err)
+		return 1
+	}
+	if cfg.json {
+		err = bench.WriteJSON(stdout, results)
+	} else {
+		err = bench.WriteTable(stdout, results)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "rls-bench: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// loadConfig is the parsed command line of a load run.
+type loadConfig struct {
+	opts        bench.Options
+	json        bool
+	selfTest    bool   // ceiling from an in-process do-nothing server
+	ceilingAddr string // ceiling from a do-nothing server at this address
+	isCeiling   bool   // mark the run itself as a ceiling run
+}
+
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, " ") }
+func (m *multiFlag) Set(s string) error { *m = append(*m, s); return nil }
+
+func parseLoad(args []string, stderr io.Writer) (loadConfig, error) {
+	var (
+		cfg         loadConfig
+		descriptors multiFlag
+		cpus        multiFlag
+		hits        uint
+		o           = &cfg.opts
+	)
+	fs := flag.NewFlagSet("rls-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.Addr, "addr", "", "target RateLimitService gRPC address, host:port")
+	fs.StringVar(&o.Label, "label", "", "name of the run in the report (default: the target address)")
+	fs.IntVar(&o.Connections, "connections", 4, "gRPC client connections, used round-robin")
+	fs.IntVar(&o.Concurrency, "concurrency", 16, "callers (closed loop), or the bound on requests in flight (open loop)")
+	fs.DurationVar(&o.Duration, "duration", 10*time.Second, "length of the measured phase (unless --requests is set)")
+	fs.Int64Var(&o.Requests, "requests", 0, "number of measured requests (instead of --duration)")
+	fs.DurationVar(&o.Warmup, "warmup", 2*time.Second, "warm-up with the same load before measuring; results discarded")
+	fs.Float64Var(&o.Rate, "rate", 0, "open loop: requests per second on a fixed schedule, latency from the intended send time (0: closed loop)")
+	fs.StringVar(&o.Domain, "domain", "edge", "rate-limit domain")
+	fs.Var(&descriptors, "descriptor", "descriptor template key=value[,key=value...]; {i} is the request's random index in [0, --cardinality), {i%N} that index modulo N; repeat for several descriptors per request (default remote_address=10.0.{i})")
+	fs.Int64Var(&o.Cardinality, "cardinality", 1, "number of distinct indexes {i} (1: a single key)")
+	fs.UintVar(&hits, "hits", 0, "hits_addend of each request (0: unset, the server counts 1)")
+	fs.DurationVar(&o.Timeout, "timeout", time.Second, "per-request deadline")
+	fs.DurationVar(&o.ConnectTimeout, "connect-timeout", 5*time.Second, "how long to wait for the connections to be ready")
+	fs.BoolVar(&cfg.json, "json", false, "print one JSON object per run instead of the table")
+	fs.BoolVar(&cfg.selfTest, "self-test", false, "first run the same load against a do-nothing server in this process and report the target as a fraction of it")
+	fs.BoolVar(&cfg.selfTest, "ceiling", false, "alias of --self-test")
+	fs.StringVar(&cfg.ceilingAddr, "ceiling-addr", "", "like --self-test, but against a do-nothing server at this address (rls-bench serve-noop)")
+	fs.BoolVar(&cfg.isCeiling, "is-ceiling", false, "mark this run as a ceiling run (the target is a do-nothing server), for `rls-bench report`")
+	fs.Var(&cpus, "cpu", "name=pid (or name=self): report that process's CPU µs per request over the measured phase; repeatable")
+	fs.Uint64Var(&o.Seed, "seed", 0, "seed of the random indexes (0: random)")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage:\n  rls-bench --addr host:port [flags]\n  rls-bench serve-noop [--addr :8089]\n  rls-bench report [results.jsonl ...]\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected argument %q (see -h)", fs.Arg(0))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if set["duration"] && set["requests"] {
+		return cfg, errors.New("set --duration or --requests, not both")
+	}
+	if o.Requests < 0 || o.Rate < 0 || o.Cardinality < 1 || o.Connections < 1 || o.Concurrency < 1 || o.Warmup < 0 {
+		return cfg, errors.New("--requests, --rate and --warmup must not be negative; --cardinality, --connections and --concurrency must be at least 1")
+	}
+	if hits > 1<<32-1 {
+		return cfg, fmt.Errorf("--hits %d does not fit hits_addend (uint32)", hits)
+	}
+	o.Hits = uint32(hits)
+	if o.Addr == "" && !cfg.selfTest {
+		return cfg, errors.New("no target: set --addr, or --self-test to measure the do-nothing server alone")
+	}
+	if len(descriptors) == 0 {
+		descriptors = multiFlag{"remote_address=10.0.{i}"}
+	}
+	for _, d := range descriptors {
+		t, err := bench.ParseTemplate(d)
+		if err != nil {
+			return cfg, fmt.Errorf("--descriptor: %w", err)
+		}
+		o.Descriptors = append(o.Descriptors, t)
+	}
+	for _, c := range cpus {
+		p, err := bench.ParseCPUProbe(c)
+		if err != nil {
+			return cfg, fmt.Errorf("--cpu: %w", err)
+		}
+		o.CPU = append(o.CPU, p)
+	}
+	return cfg, nil
+}
+
+// load runs the ceiling (when asked) and the target, and returns their
+// results in that order.
+func load(ctx context.Context, cfg loadConfig, stderr io.Writer) ([]*bench.Result, error) {
+	var results []*bench.Result
+	var ceiling *bench.Result
+	if cfg.selfTest || cfg.ceilingAddr != "" {
+		co := cfg.opts
+		// The probed processes other than this one are idle during the
+		// ceiling run: keep only the probes of this process.
+		co.CPU = nil
+		for _, p := range cfg.opts.CPU {
+			if p.PID == 0 {
+				co.CPU = append(co.CPU, p)
+			}
+		}
+		co.Label = "ceiling"
+		if cfg.opts.Label != "" {
+			co.Label = cfg.opts.Label + " ceiling"
+		}
+		if cfg.ceilingAddr != "" {
+			co.Addr = cfg.ceilingAddr
+		} else {
+			srv, err := bench.StartNoop("127.0.0.1:0")
+			if err != nil {
+				return nil, err
+			}
+			defer srv.Close()
+			co.Addr = srv.Addr()
+			co.Label += " (in-process)"
+		}
+		fmt.Fprintf(stderr, "rls-bench: ceiling run against do-nothing server %s\n", co.Addr)
+		r, err := bench.Run(ctx, co)
+		if err != nil {
+			return nil, fmt.Errorf("ceiling: %w", err)
+		}
+		r.Ceiling = true
+		ceiling = r
+		results = append(results, r)
+	}
+	if cfg.opts.Addr != "" {
+		fmt.Fprintf(stderr, "rls-bench: %s run against %s\n", cfg.opts.Mode(), cfg.opts.Addr)
+		r, err := bench.Run(ctx, cfg.opts)
+		if err != nil {
+			return nil, err
+		}
+		r.Ceiling = cfg.isCeiling
+		if ceiling != nil {
+			r.SetCeiling(ceiling.RPS)
+		}
+		results = append(results, r)
+	}
+	return results, nil
+}
+
+// serveNoop runs a do-nothing RLS server until ctx ends.
+func serveNoop(ctx context.Context, args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("rls-bench serve-noop", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", ":8089", "listen address")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	srv, err := bench.StartNoop(*addr)
+	if err != nil {
+		fmt.Fprintf(stderr, "rls-bench serve-noop: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stderr, "rls-bench serve-noop: do-nothing RateLimitService listening on %s\n", srv.Addr())
+	select {
+	case <-ctx.Done():
+	case <-srv.Done():
+	}
+	if err := srv.Close(); err != nil {
+		fmt.Fprintf(stderr, "rls-bench serve-noop: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// report reads JSON results (files, or stdin when none are named), matches
+// each run with the ceiling run of the same mode, callers and rate, and
+// prints the table (or the completed JSON with --json).
+func report(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("rls-bench report", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	asJSON := fs.Bool("json", false, "print JSON (with the ceiling fields filled) instead of the table")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	var all []*bench.Result
+	readFrom := func(name string, r io.Reader) error {
+		rs, err := bench.ReadJSON(r)
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		all = append(all, rs...)
+		return nil
+	}
+	var err error
+	if fs.NArg() == 0 {
+		err = readFrom("stdin", stdin)
+	}
+	for _, name := range fs.Args() {
+		f, ferr := os.Open(name)
+		if ferr != nil {
+			err = ferr
+			break
+		}
+		err = readFrom(name, f)
+		f.Close()
+		if err != nil {
+			break
+		}
+	}
+	if err == nil {
+		bench.FillCeilings(all)
+		if *asJSON {
+			err = bench.WriteJSON(stdout, all)
+		} else {
+			err = bench.WriteTable(stdout, all)
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "rls-bench report: %v\n", err)
+		return 1
+	}
+	return 0
+}

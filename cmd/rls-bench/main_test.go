@@ -1,0 +1,114 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/envoy-rls/envoy-rls/cmd/rls-bench/internal/bench"
+)
+
+func TestSelfTestRequestsEndToEnd(t *testing.T) {
+	var out, errb bytes.Buffer
+	code := run(context.Background(), []string{
+		"--self-test", "--requests", "300", "--warmup", "0", "--concurrency", "8",
+		"--descriptor", "remote_address=10.0.{i}", "--descriptor", "tenant=t{i%100},user=u{i}",
+		"--cardinality", "1000", "--json",
+	}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit code %d, stderr:\n%s", code, errb.String())
+	}
+	rs, err := bench.ReadJSON(&out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) != 1 || !rs[0].Ceiling {
+		t.Fatalf("got %d results (%+v), want the single ceiling run", len(rs), rs)
+	}
+	r := rs[0]
+	if r.Requests != 300 || r.OK != 300 || r.Errors != 0 || r.OverLimit != 0 || r.Descriptors != 2 {
+		t.Errorf("requests=%d ok=%d over=%d errors=%d descriptors=%d, want 300/300/0/0/2", r.Requests, r.OK, r.OverLimit, r.Errors, r.Descriptors)
+	}
+}
+
+func TestCeilingThenTargetTable(t *testing.T) {
+	target, err := bench.StartNoop("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer target.Close()
+	ceil, err := bench.StartNoop("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ceil.Close()
+	var out, errb bytes.Buffer
+	code := run(context.Background(), []string{
+		"--addr", target.Addr(), "--ceiling-addr", ceil.Addr(), "--label", "tgt",
+		"--requests", "200", "--warmup", "0", "--rate", "4000", "--cpu", "bench=self",
+	}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit code %d, stderr:\n%s", code, errb.String())
+	}
+	lines := strings.Split(strings.TrimRight(out.String(), "\n"), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("want header + ceiling + target rows, got:\n%s", out.String())
+	}
+	for i, want := range []string{"bench µs/req", "tgt ceiling", "tgt"} {
+		if !strings.HasPrefix(lines[i], want) && !strings.Contains(lines[i], want) {
+			t.Errorf("line %d = %q, want it to contain %q", i, lines[i], want)
+		}
+	}
+	if !strings.Contains(lines[1], ceil.Addr()) || !strings.Contains(lines[2], target.Addr()) {
+		t.Errorf("rows name the wrong targets:\n%s", out.String())
+	}
+	if !strings.Contains(lines[2], "%") || !strings.Contains(lines[2], "16@4000/s") {
+		t.Errorf("target row lacks the ceiling fraction or the open-loop rate: %q", lines[2])
+	}
+}
+
+func TestParseLoad(t *testing.T) {
+	cfg, err := parseLoad([]string{"--addr", "h:1", "--descriptor", "a=1", "--descriptor", "b={i}", "--hits", "5",
+		"--requests", "10", "--rate", "100", "--cpu", "rls=12", "--ceiling"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := cfg.opts
+	if o.Addr != "h:1" || len(o.Descriptors) != 2 || o.Hits != 5 || o.Requests != 10 || o.Rate != 100 ||
+		len(o.CPU) != 1 || o.CPU[0].PID != 12 || !cfg.selfTest || o.Concurrency != 16 || o.Connections != 4 ||
+		o.Warmup != 2*time.Second || o.Domain != "edge" || o.Timeout != time.Second || o.Cardinality != 1 {
+		t.Errorf("parsed %+v", cfg)
+	}
+	cfg, err = parseLoad([]string{"--addr", "h:1"}, &bytes.Buffer{})
+	if err != nil || len(cfg.opts.Descriptors) != 1 || cfg.opts.Descriptors[0].String() != "remote_address=10.0.{i}" {
+		t.Errorf("default descriptor: %+v, %v", cfg.opts.Descriptors, err)
+	}
+	for _, bad := range [][]string{
+		{},
+		{"--addr", "h:1", "--duration", "1s", "--requests", "3"},
+		{"--addr", "h:1", "--descriptor", "nokv"},
+		{"--addr", "h:1", "--cardinality", "0"},
+		{"--addr", "h:1", "--hits", "4294967296"},
+		{"--addr", "h:1", "--cpu", "rls"},
+		{"--addr", "h:1", "extra"},
+	} {
+		if _, err := parseLoad(bad, &bytes.Buffer{}); err == nil {
+			t.Errorf("parseLoad(%q): no error", bad)
+		}
+	}
+}
+
+func TestReportCombinesCeilings(t *testing.T) {
+	in := `{"label":"noop16","target":"a","mode":"closed","callers":16,"rps":1000,"ceiling":true}
+{"label":"one-key","target":"b","mode":"closed","callers":16,"rps":250,"cpu":[{"name":"rls","seconds":1,"us_per_req":40}]}
+`
+	var out, errb bytes.Buffer
+	if code := report(nil, strings.NewReader(in), &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if !strings.Contains(out.String(), "25%") || !strings.Contains(out.String(), "rls µs/req") {
+		t.Errorf("report lacks the ceiling fraction or the cpu column:\n%s", out.String())
+	}
+}
