@@ -194,7 +194,15 @@ func kindName(n *yaml.Node) string {
 		if isNull(n) {
 			return "null"
 		}
-		return fmt.Sprintf("%s %q", strings.TrimPrefix(n.ShortTag(), "!!"), n.Value)
+		switch n.ShortTag() {
+		case "!!int":
+			return "the integer " + n.Value
+		case "!!float":
+			return "the number " + n.Value
+		case "!!bool":
+			return "the boolean " + n.Value
+		}
+		return fmt.Sprintf("the string %q", n.Value)
 	case yaml.AliasNode:
 		return "an alias"
 	}
@@ -332,6 +340,9 @@ func (c *compiler) positive(n *yaml.Node, field string) (uint64, bool) {
 		return 0, false
 	}
 	switch {
+	case v == 0 && field == "requests_per_unit":
+		c.errorf(c.pos(n), "requests_per_unit must be a positive integer, got 0 (a limit admits at least one request)")
+		return 0, false
 	case v <= 0:
 		c.errorf(c.pos(n), "%s must be a positive integer, got %d", field, v)
 		return 0, false
