@@ -1,0 +1,317 @@
+package redisbackend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+	"github.com/redis/go-redis/v9"
+)
+
+// injectedClockSlack is added to every expiry when Options.Now is set.
+const injectedClockSlack = time.Hour
+
+// maxExact bounds the numbers the scripts handle: below 2^53 a double holds
+// every integer exactly.
+const maxExact = 1 << 53
+
+// Backend is a limiter.Limiter on Redis. It is safe for concurrent use.
+type Backend struct {
+	client  redis.UniversalClient
+	cluster *redis.ClusterClient // non-nil when client is a Cluster client
+	owned   bool                 // Close closes client
+	prefix  string
+	timeout time.Duration
+	now     func() time.Time
+	scripts *scripts
+	scratch sync.Pool // *batch
+	// flags are check.lua's ARGV[2] without and with the no-consumption
+	// figures: "<alt> <expiry slack ms>".
+	flags [2]string
+
+	refundErrors atomic.Uint64
+}
+
+var _ limiter.Limiter = (*Backend)(nil)
+
+// New validates opts, creates the go-redis client of the chosen topology and
+// returns a Backend that owns it. It does not contact Redis; use Ping for
+// that.
+func New(opts Options) (*Backend, error) {
+	topo, err := opts.validate()
+	if err != nil {
+		return nil, fmt.Errorf("redis options: %w", err)
+	}
+	c, err := opts.newClient(topo)
+	if err != nil {
+		return nil, fmt.Errorf("redis options: %w", err)
+	}
+	b, err := newBackend(c, opts)
+	if err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	b.owned = true
+	return b, nil
+}
+
+// NewFromClient returns a Backend on an existing client (a *redis.Client,
+// *redis.ClusterClient or Sentinel-backed *redis.Client). Only KeyPrefix,
+// Timeout and Now of opts are used. The caller keeps ownership of c: Close
+// does not close it. For exact counting c should not retry commands on its
+// own (MaxRetries −1, see New).
+func NewFromClient(c redis.UniversalClient, opts Options) (*Backend, error) {
+	if c == nil {
+		return nil, errors.New("redisbackend: nil client")
+	}
+	o := Options{KeyPrefix: opts.KeyPrefix, URL: "redis://client"}
+	if _, err := o.validate(); err != nil {
+		return nil, fmt.Errorf("redis options: %w", err)
+	}
+	return newBackend(c, opts)
+}
+
+func newBackend(c redis.UniversalClient, opts Options) (*Backend, error) {
+	s, err := newScripts()
+	if err != nil {
+		return nil, fmt.Errorf("redisbackend: load scripts: %w", err)
+	}
+	b := &Backend{
+		client:  c,
+		prefix:  opts.KeyPrefix,
+		timeout: opts.Timeout,
+		now:     opts.Now,
+		scripts: s,
+	}
+	if b.prefix == "" {
+		b.prefix = DefaultKeyPrefix
+	}
+	if b.timeout == 0 {
+		b.timeout = DefaultTimeout
+	}
+	// Redis expires keys by its own clock. With an injected clock the
+	// expiries the script computes would be in the wrong time base, so
+	// keys get an hour of slack (a later expiry never changes a decision).
+	slack := "0"
+	if b.now != nil {
+		slack = strconv.FormatInt(injectedClockSlack.Milliseconds(), 10)
+	}
+	b.flags = [2]string{"0 " + slack, "1 " + slack}
+	b.cluster, _ = c.(*redis.ClusterClient)
+	b.scratch.New = func() any { return new(batch) }
+	return b, nil
+}
+
+// Close closes the client if New created it. Calls after Close fail with
+// limiter.ErrUnavailable.
+func (b *Backend) Close() error {
+	if !b.owned {
+		return nil
+	}
+	return b.client.Close()
+}
+
+// Ping reports whether Redis answers (every master in Cluster mode), for
+// readiness probes. Errors wrap limiter.ErrUnavailable.
+func (b *Backend) Ping(ctx context.Context) error {
+	ctx, cancel := b.bound(ctx)
+	defer cancel()
+	var err error
+	if b.cluster != nil {
+		err = b.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			return c.Ping(ctx).Err()
+		})
+	} else {
+		err = b.client.Ping(ctx).Err()
+	}
+	if err != nil {
+		return unavailable("ping", err)
+	}
+	return nil
+}
+
+// RefundErrors returns how many Cluster refunds failed since the Backend was
+// created. A failed refund leaves hits counted that were not admitted (the
+// counter over-counts until its window ends); it never over-admits.
+func (b *Backend) RefundErrors() uint64 { return b.refundErrors.Load() }
+
+// Check implements limiter.Limiter. See the package documentation for the
+// number of Redis calls per Check.
+func (b *Backend) Check(ctx context.Context, reqs []limiter.Request, results []limiter.Result) error {
+	if err := validate(reqs, results); err != nil {
+		return err
+	}
+	if len(reqs) == 0 {
+		return nil
+	}
+	ctx, cancel := b.bound(ctx)
+	defer cancel()
+	if b.cluster != nil {
+		return b.checkCluster(ctx, reqs, results)
+	}
+	_, _, err := b.call(ctx, reqs, nil, results, nil)
+	return err
+}
+
+// bound applies b.timeout to ctx unless ctx already ends sooner.
+func (b *Backend) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if b.timeout <= 0 {
+		return ctx, func() {}
+	}
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= b.timeout {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, b.timeout)
+}
+
+// validate checks the arguments of Check.
+func validate(reqs []limiter.Request, results []limiter.Result) error {
+	if len(results) != len(reqs) {
+		return fmt.Errorf("%w: %d results for %d requests", limiter.ErrInvalid, len(results), len(reqs))
+	}
+	for i := range reqs {
+		r := &reqs[i]
+		if r.Key == "" {
+			return fmt.Errorf("%w: request %d: empty key", limiter.ErrInvalid, i)
+		}
+		if err := r.Limit.Validate(); err != nil {
+			return fmt.Errorf("request %d: %w", i, err)
+		}
+		w := uint64(r.Limit.Window.Milliseconds())
+		if r.Limit.Requests >= maxExact/w || r.Limit.Capacity() >= maxExact/w || r.Hits >= maxExact {
+			return fmt.Errorf("%w: request %d: limit %d (burst %d) per %v or %d hits exceed the exact range of the Redis scripts (limit·window_ms < 2^53)",
+				limiter.ErrInvalid, i, r.Limit.Requests, r.Limit.Burst, r.Limit.Window, r.Hits)
+		}
+	}
+	return nil
+}
+
+// unavailable wraps a store failure.
+func unavailable(op string, err error) error {
+	return fmt.Errorf("%w: redis %s: %w", limiter.ErrUnavailable, op, err)
+}
+
+// figures are the remaining and reset of a request without the batch's
+// consumption (check.lua's remaining0, reset0).
+type figures struct {
+	remaining uint64
+	reset     time.Duration
+}
+
+// batch is the scratch space of one script call, reused through a pool.
+type batch struct {
+	buf  []byte
+	offs []int
+	keys []string
+	args []any
+}
+
+// call runs check.lua for the requests reqs[idx[j]] (all of reqs when idx is
+// nil) and writes their results. With alt non-nil (len(alt) = number of
+// requests of the call) the script also returns the figures without
+// consumption. It returns the script's clock and whether it consumed.
+func (b *Backend) call(ctx context.Context, reqs []limiter.Request, idx []int, results []limiter.Result, alt []figures) (now int64, committed bool, err error) {
+	n := len(reqs)
+	if idx != nil {
+		n = len(idx)
+	}
+	at := func(j int) int {
+		if idx == nil {
+			return j
+		}
+		return idx[j]
+	}
+	bt := b.scratch.Get().(*batch)
+	defer b.scratch.Put(bt)
+	buf, offs := bt.buf[:0], bt.offs[:0]
+	// Layout of buf: now, then every key base, then every request spec.
+	if b.now != nil {
+		buf = strconv.AppendInt(buf, b.now().UnixMilli(), 10)
+	}
+	offs = append(offs, len(buf))
+	for j := 0; j < n; j++ {
+		buf = appendBaseKey(buf, b.prefix, &reqs[at(j)])
+		offs = append(offs, len(buf))
+	}
+	for j := 0; j < n; j++ {
+		buf = appendSpec(buf, &reqs[at(j)])
+		offs = append(offs, len(buf))
+	}
+	s := string(buf)
+	keys, args := bt.keys[:0], bt.args[:0]
+	for j := 0; j < n; j++ {
+		keys = append(keys, s[offs[j]:offs[j+1]])
+	}
+	flags := b.flags[0]
+	if alt != nil {
+		flags = b.flags[1]
+	}
+	args = append(args, s[:offs[0]], flags)
+	for j := 0; j < n; j++ {
+		args = append(args, s[offs[n+j]:offs[n+j+1]])
+	}
+	bt.buf, bt.offs, bt.keys, bt.args = buf, offs, keys, args
+	defer clear(args) // do not keep the strings alive through the pool
+
+	v, err := b.scripts.check.Run(ctx, b.client, keys, args...).Slice()
+	if err != nil {
+		return 0, false, unavailable("check script", err)
+	}
+	stride := 4
+	if alt != nil {
+		stride = 6
+	}
+	if len(v) != 2+stride*n {
+		return 0, false, unavailable("check script", fmt.Errorf("reply has %d elements, want %d", len(v), 2+stride*n))
+	}
+	var bad bool
+	num := func(x any) int64 {
+		i, ok := x.(int64)
+		if !ok || i < 0 {
+			bad = true
+		}
+		return i
+	}
+	now = num(v[0])
+	committed = num(v[1]) == 1
+	for j := 0; j < n; j++ {
+		r := v[2+stride*j : 2+stride*(j+1)]
+		results[at(j)] = limiter.Result{
+			Allowed:    num(r[0]) == 1,
+			Remaining:  uint64(num(r[1])),
+			ResetAfter: time.Duration(num(r[2])) * time.Millisecond,
+			RetryAfter: time.Duration(num(r[3])) * time.Millisecond,
+			Source:     limiter.SourceStore,
+		}
+		if alt != nil {
+			alt[j] = figures{remaining: uint64(num(r[4])), reset: time.Duration(num(r[5])) * time.Millisecond}
+		}
+	}
+	if bad {
+		return 0, false, unavailable("check script", errors.New("reply holds a value that is not a non-negative integer"))
+	}
+	return now, committed, nil
+}
+
+// appendSpec appends check.lua's request spec
+// "<alg> <window_ms> <limit> <capacity> <hits> <shadow>".
+func appendSpec(dst []byte, r *limiter.Request) []byte {
+	dst = strconv.AppendUint(dst, uint64(r.Limit.Algorithm), 10)
+	dst = append(dst, ' ')
+	dst = strconv.AppendInt(dst, r.Limit.Window.Milliseconds(), 10)
+	dst = append(dst, ' ')
+	dst = strconv.AppendUint(dst, r.Limit.Requests, 10)
+	dst = append(dst, ' ')
+	dst = strconv.AppendUint(dst, r.Limit.Capacity(), 10)
+	dst = append(dst, ' ')
+	dst = strconv.AppendUint(dst, r.Hits, 10)
+	if r.Shadow {
+		return append(dst, " 1"...)
+	}
+	return append(dst, " 0"...)
+}

@@ -1,0 +1,127 @@
+package redisbackend
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+)
+
+// slotCall is the part of a Cluster batch that lives in one hash slot.
+type slotCall struct {
+	idx       []int // request indexes, in batch order
+	alt       []figures
+	now       int64
+	committed bool
+	err       error
+}
+
+// checkCluster splits the batch by hash slot and runs one check script per
+// slot, in parallel. A slot's script only sees its own requests, so when a
+// slot vetoed the batch the slots that consumed are refunded (refund.lua) and
+// their results report the figures without consumption.
+func (b *Backend) checkCluster(ctx context.Context, reqs []limiter.Request, results []limiter.Result) error {
+	calls := b.groupBySlot(reqs)
+	if len(calls) == 1 {
+		_, _, err := b.call(ctx, reqs, nil, results, nil)
+		return err
+	}
+	var wg sync.WaitGroup
+	for _, c := range calls {
+		c.alt = make([]figures, len(c.idx))
+		wg.Go(func() {
+			c.now, c.committed, c.err = b.call(ctx, reqs, c.idx, results, c.alt)
+		})
+	}
+	wg.Wait()
+
+	var errs []error
+	veto := false
+	for _, c := range calls {
+		if c.err != nil {
+			errs = append(errs, c.err)
+		} else if !c.committed {
+			veto = true
+		}
+	}
+	if len(errs) == 0 && !veto {
+		return nil
+	}
+	// Some slot did not consume (it vetoed, or failed): give back what the
+	// others consumed.
+	for _, c := range calls {
+		if c.err != nil || !c.committed {
+			continue
+		}
+		wg.Go(func() {
+			if err := b.refund(ctx, reqs, c, results); err != nil {
+				b.refundErrors.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	for _, c := range calls {
+		if c.err != nil || !c.committed {
+			continue
+		}
+		for j, i := range c.idx {
+			results[i].Remaining = c.alt[j].remaining
+			results[i].ResetAfter = c.alt[j].reset
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// groupBySlot returns the requests of each hash slot, slots in order of
+// their first request.
+func (b *Backend) groupBySlot(reqs []limiter.Request) []*slotCall {
+	var calls []*slotCall
+	bySlot := make(map[int]*slotCall, len(reqs))
+	var key []byte
+	for i := range reqs {
+		key = appendBaseKey(key[:0], b.prefix, &reqs[i])
+		s := slot(string(key))
+		c := bySlot[s]
+		if c == nil {
+			c = &slotCall{}
+			bySlot[s] = c
+			calls = append(calls, c)
+		}
+		c.idx = append(c.idx, i)
+	}
+	return calls
+}
+
+// refund gives back the hits consumed by the slot call c: those of every
+// admitted request with hits > 0.
+func (b *Backend) refund(ctx context.Context, reqs []limiter.Request, c *slotCall, results []limiter.Result) error {
+	var keys []string
+	args := []any{strconv.FormatInt(c.now, 10)}
+	var sb strings.Builder
+	for _, i := range c.idx {
+		r := &reqs[i]
+		if !results[i].Allowed || r.Hits == 0 {
+			continue
+		}
+		keys = append(keys, string(appendBaseKey(nil, b.prefix, r)))
+		sb.Reset()
+		sb.WriteString(strconv.Itoa(int(r.Limit.Algorithm)))
+		sb.WriteByte(' ')
+		sb.WriteString(strconv.FormatInt(r.Limit.Window.Milliseconds(), 10))
+		sb.WriteByte(' ')
+		sb.WriteString(strconv.FormatUint(r.Limit.Requests, 10))
+		sb.WriteByte(' ')
+		sb.WriteString(strconv.FormatUint(r.Hits, 10))
+		args = append(args, sb.String())
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	if err := b.scripts.refund.Run(ctx, b.client, keys, args...).Err(); err != nil {
+		return unavailable("refund script", err)
+	}
+	return nil
+}

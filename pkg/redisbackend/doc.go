@@ -1,0 +1,32 @@
+// Package redisbackend implements limiter.Limiter on Redis (single node,
+// Sentinel or Cluster) with go-redis v9.
+//
+// One Lua script decides a whole batch (limiter.Limiter.Check): it evaluates
+// every request in order against its counter, lets a request see the
+// tentative consumption of earlier requests on the same counter, and writes
+// only when no non-shadow request was denied. Each algorithm of DESIGN.md §5
+// has its own Lua file under lua/ (the twin of the Go code in pkg/algorithm);
+// they are embedded with go:embed and concatenated with a driver into the
+// check and refund scripts (see scripts.go and the header of every file). The
+// scripts run with EVALSHA and fall back to EVAL when Redis does not know
+// them yet (NOSCRIPT).
+//
+// Time comes from Redis TIME inside the script, so instances whose clocks
+// disagree still count in the same windows; Options.Now injects a clock for
+// tests. Every key gets its expiry in the script that writes it.
+//
+// Single node and Sentinel: exactly one script call (one round trip) per
+// Check. Cluster: the batch is split by hash slot, one script call per slot,
+// sent in parallel. When one slot vetoes the batch while another slot
+// admitted and consumed, the consumed hits are given back by a second script
+// (refund.lua). Between the two calls other requests may see the extra count
+// and be denied although they would have been admitted; the refund never
+// admits more than the limit, so the transient error only ever under-admits.
+//
+// See keys.go for the key format. Failures to reach Redis or to decide
+// (network errors, timeouts, the context's deadline, CLUSTERDOWN, LOADING,
+// READONLY, script errors) are returned wrapped so that
+// errors.Is(err, limiter.ErrUnavailable) holds.
+//
+// A Backend is safe for concurrent use.
+package redisbackend

@@ -1,0 +1,57 @@
+package redisbackend
+
+import (
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/envoy-rls/envoy-rls/internal/testenv"
+	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+)
+
+// testTimeout bounds every call in tests: the machines running the suite are
+// shared and slow under -race, and the tests assert decisions, not speed.
+const testTimeout = 20 * time.Second
+
+// prefixes hands out a fresh key prefix per Backend so that every factory
+// call of the conformance suite starts with empty counters on a shared server.
+type prefixes struct{ n atomic.Int64 }
+
+func (p *prefixes) next() string { return fmt.Sprintf("t%d:", p.n.Add(1)) }
+
+// newSingle returns a Backend on the single redis-server r, closed when the
+// test ends.
+func newSingle(t testing.TB, r *testenv.Redis, prefix string, now func() time.Time) *Backend {
+	t.Helper()
+	b, err := New(Options{URL: "redis://" + r.Addr, KeyPrefix: prefix, Now: now, Timeout: testTimeout})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+// newClustered returns a Backend on the Cluster c, closed when the test ends.
+func newClustered(t testing.TB, c *testenv.Cluster, prefix string, now func() time.Time) *Backend {
+	t.Helper()
+	var addrs []string
+	for _, n := range c.Nodes() {
+		addrs = append(addrs, n.Addr)
+	}
+	b, err := New(Options{ClusterAddrs: addrs, KeyPrefix: prefix, Now: now, Timeout: testTimeout})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+// key builds a Request.Key the way the service does.
+func key(parts ...string) string {
+	var b []byte
+	for _, p := range parts {
+		b = limiter.AppendKeyPart(b, p)
+	}
+	return string(b)
+}

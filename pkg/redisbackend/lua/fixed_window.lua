@@ -1,0 +1,58 @@
+-- fixed_window.lua: one counter per epoch-aligned bucket, the Lua twin of
+-- pkg/algorithm.FixedWindow. Part of check.lua / refund.lua (concatenated after
+-- lib.lua).
+--
+-- Storage: <base>:<b> holds count[b] for bucket b = floor(now/W) as a decimal
+-- integer string and expires when the bucket ends, at (b+1)·W.
+-- KEYS, ARGV: none of its own; the driver passes the key base <prefix>{<id>}.
+-- State table: {b = bucket, n = count[b]}.
+
+local fixed_window = {}
+
+local function fw_key(base, b)
+  return base .. ':' .. fmt_int(b)
+end
+
+function fixed_window.load(base, w, now)
+  local b = idiv(now, w)
+  return {b = b, n = get_num(fw_key(base, b))}
+end
+
+-- decide returns allowed, remaining, reset_ms, retry_ms and the new state.
+function fixed_window.decide(s, now, w, l, cap, c, consume)
+  local b = idiv(now, w)
+  local n = 0
+  if s.b == b then
+    n = s.n
+  end
+  local reset = (b + 1) * w - now
+  local ok, retry = false, 0
+  if c > l then
+    retry = w
+  elseif n + c <= l then
+    ok = true
+    if consume then
+      n = n + c
+    end
+  else
+    retry = reset
+  end
+  local rem = 0
+  if n < l then
+    rem = l - n
+  end
+  return ok, rem, reset, retry, {b = b, n = n}
+end
+
+function fixed_window.store(base, w, s, now)
+  redis.call('SET', fw_key(base, s.b), fmt_int(s.n), 'PX', px((s.b + 1) * w - now))
+end
+
+-- refund takes back c hits admitted at now (Cluster: another slot denied).
+function fixed_window.refund(base, w, c, l, now)
+  local key = fw_key(base, idiv(now, w))
+  local v = redis.call('GET', key)
+  if v then
+    redis.call('SET', key, fmt_int(math.max(0, tonumber(v) - c)), 'KEEPTTL')
+  end
+end

@@ -1,0 +1,57 @@
+-- lib.lua: helpers shared by the algorithm files. It is the first part of
+-- every counting script (see scripts.go: lib.lua, the four algorithm files and
+-- then a driver, check.lua or refund.lua, are concatenated into one script).
+--
+-- KEYS, ARGV: none (helpers only). Reply: none.
+--
+-- Lua numbers are IEEE doubles. Every quantity here is an integer below 2^53
+-- (the Go side rejects limits whose products could exceed it), so sums,
+-- differences and products are exact; quotients are corrected to the exact
+-- integer floor/ceil by idiv and cdiv. Numbers are written to Redis with
+-- fmt_int ('%.0f'), never with tostring (which prints 1e+15 style).
+
+-- idiv returns floor(a/b) for integers a >= 0, b > 0.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+-- cdiv returns ceil(a/b) for integers a >= 0, b > 0.
+local function cdiv(a, b)
+  local q = idiv(a, b)
+  if q * b < a then
+    q = q + 1
+  end
+  return q
+end
+
+-- ttl_slack (ms) is added to every expiry. It is 0 on Redis TIME; with an
+-- injected clock (tests) the driver sets it from ARGV, because Redis expires
+-- keys by its own clock, not by the injected one. A key that lives longer than
+-- needed changes no decision: every algorithm recognises stale state by its
+-- bucket number or timestamps.
+local ttl_slack = 0
+
+-- px formats an expiry of ms milliseconds (plus ttl_slack) for SET PX/PEXPIRE.
+local function px(ms)
+  return string.format('%.0f', ms + ttl_slack)
+end
+
+-- fmt_int formats an integral number without exponent or fraction.
+local function fmt_int(x)
+  return string.format('%.0f', x)
+end
+
+-- get_num reads an integer string key; an absent key is 0.
+local function get_num(key)
+  local v = redis.call('GET', key)
+  if not v then
+    return 0
+  end
+  return tonumber(v)
+end

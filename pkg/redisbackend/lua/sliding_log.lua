@@ -1,0 +1,100 @@
+-- sliding_log.lua: a sorted set of admitted hit times, the Lua twin of
+-- pkg/algorithm.SlidingLog. Part of check.lua / refund.lua (concatenated after
+-- lib.lua).
+--
+-- Storage: <base>:log is a sorted set with one member per admitted hit, score
+-- = the hit's time in ms, member = "<time>:<seq>" (seq makes members unique;
+-- ZADD NX retries with the next seq on a clash). Hits at or before now−W are
+-- trimmed when the set is written; the key expires W after its newest hit.
+-- KEYS, ARGV: none of its own; the driver passes the key base <prefix>{<id>}.
+-- State table: {n = stored hits later than now−W, added = tentative hits of
+-- this batch at now}. Stored hits are counted and located with ZCOUNT and
+-- ZRANGE BYSCORE ... LIMIT, never loaded whole.
+
+local sliding_log = {}
+
+local function sl_key(base)
+  return base .. ':log'
+end
+
+-- sl_nth returns the time of the k-th oldest stored hit later than cutoff.
+local function sl_nth(key, cutoff, k)
+  local r = redis.call('ZRANGE', key, '(' .. fmt_int(cutoff), '+inf', 'BYSCORE', 'LIMIT', fmt_int(k - 1), '1',
+    'WITHSCORES')
+  return tonumber(r[2])
+end
+
+function sliding_log.load(base, w, now)
+  local key = sl_key(base)
+  return {key = key, n = redis.call('ZCOUNT', key, '(' .. fmt_int(now - w), '+inf'), added = 0}
+end
+
+-- decide returns allowed, remaining, reset_ms, retry_ms and the new state.
+function sliding_log.decide(s, now, w, l, cap, c, consume)
+  local cutoff = now - w
+  local added = s.added
+  local n = s.n + added
+  local ok, retry = false, 0
+  if c > l then
+    retry = w
+  elseif n + c <= l then
+    ok = true
+    if consume then
+      added = added + c
+      n = n + c
+    end
+  else
+    -- Enough hits must leave: the k-th oldest, k = n+c−L.
+    local k = n + c - l
+    local t = now
+    if k <= s.n then
+      t = sl_nth(s.key, cutoff, k)
+    end
+    retry = t + w - now
+  end
+  local rem = 0
+  if n < l then
+    rem = l - n
+  end
+  local reset = w
+  if s.n > 0 then
+    reset = sl_nth(s.key, cutoff, 1) + w - now
+  end
+  return ok, rem, reset, retry, {key = s.key, n = s.n, added = added}
+end
+
+function sliding_log.store(base, w, s, now)
+  local key = s.key
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt_int(now - w))
+  local todo = s.added
+  local seq = redis.call('ZCARD', key)
+  local t = fmt_int(now)
+  while todo > 0 do
+    local chunk = math.min(todo, 1000)
+    local args = {}
+    for i = 1, chunk do
+      args[2 * i - 1] = t
+      args[2 * i] = t .. ':' .. fmt_int(seq)
+      seq = seq + 1
+    end
+    todo = todo - redis.call('ZADD', key, 'NX', unpack(args))
+  end
+  local newest = redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
+  local last = now
+  if newest[2] then
+    last = math.max(last, tonumber(newest[2]))
+  end
+  redis.call('PEXPIRE', key, px(last + w - now))
+end
+
+-- refund takes back c hits admitted at now (Cluster: another slot denied) by
+-- removing c members scored now: hits at the same instant are
+-- interchangeable, so which ones go does not matter.
+function sliding_log.refund(base, w, c, l, now)
+  local key = sl_key(base)
+  local t = fmt_int(now)
+  local m = redis.call('ZRANGE', key, t, t, 'BYSCORE', 'LIMIT', '0', fmt_int(c))
+  for i = 1, #m, 1000 do
+    redis.call('ZREM', key, unpack(m, i, math.min(i + 999, #m)))
+  end
+end

@@ -1,0 +1,208 @@
+package redisbackend
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults of Options.
+const (
+	// DefaultKeyPrefix is the prefix of every key the backend writes.
+	DefaultKeyPrefix = "rls:"
+	// DefaultTimeout bounds one Check when the caller's context allows
+	// longer. Envoy's own rate-limit timeout defaults to 20 ms and the
+	// caller normally passes that deadline, so this only caps callers
+	// without a deadline (or with a long one).
+	DefaultTimeout = 50 * time.Millisecond
+)
+
+// Options configures New. Exactly one of URL, ClusterAddrs and SentinelAddrs
+// selects the topology.
+type Options struct {
+	// URL of a single Redis node: redis://[user:password@]host:port[/db]
+	// or rediss:// for TLS (flag --redis.url).
+	URL string
+	// ClusterAddrs are seed addresses (host:port) of a Redis Cluster
+	// (flag --redis.cluster-addrs).
+	ClusterAddrs []string
+	// SentinelAddrs are the addresses of Sentinel processes
+	// (flag --redis.sentinel-addrs); SentinelMaster names the monitored
+	// master (flag --redis.sentinel-master) and is required with them.
+	SentinelAddrs  []string
+	SentinelMaster string
+	// SentinelUsername and SentinelPassword authenticate with the
+	// Sentinels themselves when they require it.
+	SentinelUsername string
+	SentinelPassword string
+	// Username and Password authenticate with Redis (ACL user, or
+	// requirepass with an empty Username). When set they override the
+	// credentials of URL.
+	Username string
+	Password string
+	// TLS enables TLS with this configuration (see TLSConfig). With a
+	// rediss:// URL and a nil TLS, go-redis's default TLS configuration is
+	// used.
+	TLS *tls.Config
+	// PoolSize is the maximum number of connections per Redis node; 0
+	// means go-redis's default (10 per CPU).
+	PoolSize int
+	// KeyPrefix starts every key; "" means DefaultKeyPrefix. It must not
+	// contain '{' or '}' (the hash tag must be the counter id).
+	KeyPrefix string
+	// Timeout bounds each Check, Ping and Beat in addition to the
+	// caller's context (the shorter wins); 0 means DefaultTimeout, a
+	// negative value means only the context bounds calls.
+	Timeout time.Duration
+	// Now, when set, is the clock the scripts decide at (tests). nil
+	// means Redis TIME, so instances with skewed clocks agree.
+	Now func() time.Time
+}
+
+// topology is the validated choice among URL, cluster and Sentinel.
+type topology uint8
+
+const (
+	topoURL topology = iota
+	topoCluster
+	topoSentinel
+)
+
+func (o *Options) validate() (topology, error) {
+	var set []string
+	var topo topology
+	if o.URL != "" {
+		set, topo = append(set, "--redis.url"), topoURL
+	}
+	if len(o.ClusterAddrs) > 0 {
+		set, topo = append(set, "--redis.cluster-addrs"), topoCluster
+	}
+	if len(o.SentinelAddrs) > 0 {
+		set, topo = append(set, "--redis.sentinel-addrs"), topoSentinel
+	}
+	var errs []error
+	switch len(set) {
+	case 0:
+		errs = append(errs, errors.New("no Redis configured: set one of --redis.url, --redis.cluster-addrs or --redis.sentinel-addrs"))
+	case 1:
+	default:
+		errs = append(errs, fmt.Errorf("%s are mutually exclusive: set only one", strings.Join(set, " and ")))
+	}
+	if topo == topoSentinel && o.SentinelMaster == "" {
+		errs = append(errs, errors.New("--redis.sentinel-master is required with --redis.sentinel-addrs"))
+	}
+	if o.SentinelMaster != "" && len(o.SentinelAddrs) == 0 {
+		errs = append(errs, errors.New("--redis.sentinel-master is set but --redis.sentinel-addrs is empty"))
+	}
+	for _, a := range append(o.ClusterAddrs[:len(o.ClusterAddrs):len(o.ClusterAddrs)], o.SentinelAddrs...) {
+		if strings.TrimSpace(a) == "" {
+			errs = append(errs, errors.New("--redis.cluster-addrs and --redis.sentinel-addrs must not contain empty addresses"))
+			break
+		}
+	}
+	if strings.ContainsAny(o.KeyPrefix, "{}") {
+		errs = append(errs, fmt.Errorf("--redis.key-prefix %q must not contain '{' or '}'", o.KeyPrefix))
+	}
+	if o.PoolSize < 0 {
+		errs = append(errs, fmt.Errorf("--redis.pool-size %d is negative", o.PoolSize))
+	}
+	return topo, errors.Join(errs...)
+}
+
+// newClient builds the go-redis client of the validated topology.
+//
+// Automatic retries are off (MaxRetries −1): a script whose reply was lost
+// may already have consumed, so running it again would count twice. A failed
+// call is reported as limiter.ErrUnavailable instead and the fail-soft layer
+// decides. The Cluster client still follows MOVED/ASK/TRYAGAIN redirections
+// (MaxRedirects, go-redis's default 3), which is safe because a redirected
+// command did not run. Deadlines of the context apply to the network I/O
+// (ContextTimeoutEnabled).
+func (o *Options) newClient(topo topology) (redis.UniversalClient, error) {
+	switch topo {
+	case topoCluster:
+		return redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs:                 o.ClusterAddrs,
+			Username:              o.Username,
+			Password:              o.Password,
+			TLSConfig:             o.TLS,
+			PoolSize:              o.PoolSize,
+			MaxRetries:            -1,
+			ContextTimeoutEnabled: true,
+		}), nil
+	case topoSentinel:
+		return redis.NewFailoverClient(&redis.FailoverOptions{
+			MasterName:            o.SentinelMaster,
+			SentinelAddrs:         o.SentinelAddrs,
+			SentinelUsername:      o.SentinelUsername,
+			SentinelPassword:      o.SentinelPassword,
+			Username:              o.Username,
+			Password:              o.Password,
+			TLSConfig:             o.TLS,
+			PoolSize:              o.PoolSize,
+			MaxRetries:            -1,
+			ContextTimeoutEnabled: true,
+		}), nil
+	default:
+		ro, err := redis.ParseURL(o.URL)
+		if err != nil {
+			return nil, fmt.Errorf("--redis.url: %w", err)
+		}
+		if o.Username != "" {
+			ro.Username = o.Username
+		}
+		if o.Password != "" {
+			ro.Password = o.Password
+		}
+		if o.TLS != nil {
+			ro.TLSConfig = o.TLS
+		}
+		if o.PoolSize > 0 {
+			ro.PoolSize = o.PoolSize
+		}
+		ro.MaxRetries = -1
+		ro.ContextTimeoutEnabled = true
+		return redis.NewClient(ro), nil
+	}
+}
+
+// TLSConfig builds a client TLS configuration (TLS 1.2 or later). caFile, if
+// set, replaces the system roots with the PEM certificates it holds;
+// certFile and keyFile, set together, present a client certificate;
+// serverName overrides the name verified in the server's certificate;
+// insecure skips verification (tests only).
+func TLSConfig(caFile, certFile, keyFile, serverName string, insecure bool) (*tls.Config, error) {
+	cfg := &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		ServerName:         serverName,
+		InsecureSkipVerify: insecure, //nolint:gosec // explicit operator choice
+	}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("redis TLS CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("redis TLS CA %s: no PEM certificate found", caFile)
+		}
+		cfg.RootCAs = pool
+	}
+	switch {
+	case certFile != "" && keyFile != "":
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("redis TLS client certificate: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	case certFile != "" || keyFile != "":
+		return nil, errors.New("redis TLS: a client certificate needs both the certificate and the key file")
+	}
+	return cfg, nil
+}
