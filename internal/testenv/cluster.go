@@ -89,6 +89,10 @@ func RedisCluster(t testing.TB, opts ...ClusterOption) *Cluster {
 					"--cluster-config-file", "nodes.conf",
 					"--cluster-node-timeout", strconv.Itoa(clusterNodeTimeout),
 					"--cluster-port", strconv.Itoa(bus),
+					// CLUSTER SLOTS lists a replica only once its replication
+					// offset is non-zero, which on an idle master takes one
+					// replica ping period (default 10 s).
+					"--repl-ping-replica-period", "1",
 				)
 				return append(args, cfg.args...), nil
 			},

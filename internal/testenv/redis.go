@@ -144,6 +144,9 @@ func baseRedisArgs(port int, dir string) []string {
 		"--dir", dir,
 		"--daemonize", "no",
 		"--logfile", "",
+		// Full syncs start at once instead of after the default 5 s, so
+		// replicas attach quickly.
+		"--repl-diskless-sync-delay", "0",
 	}
 }
 

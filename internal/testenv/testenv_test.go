@@ -21,6 +21,7 @@ func testContext(t *testing.T, d time.Duration) context.Context {
 }
 
 func TestFreePortIsLoopbackAndBindable(t *testing.T) {
+	t.Parallel()
 	addr := FreeAddr(t)
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil || host != "127.0.0.1" {
@@ -34,6 +35,7 @@ func TestFreePortIsLoopbackAndBindable(t *testing.T) {
 }
 
 func TestRedisServerLifecycle(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 2*time.Minute)
 	r := RedisServer(t)
 	c := r.Client()
@@ -52,12 +54,16 @@ func TestRedisServerLifecycle(t *testing.T) {
 		t.Fatalf("CONFIG GET save = %q, %v; want persistence off", save["save"], err)
 	}
 
+	// probe fails fast on a stopped server (no retries or dial retries).
+	probe := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1, DialerRetries: 1})
+	t.Cleanup(func() { probe.Close() })
+
 	addr := r.Addr
 	r.Stop()
 	if r.Running() {
 		t.Fatal("Running after Stop")
 	}
-	if err := c.Ping(ctx).Err(); err == nil {
+	if err := probe.Ping(ctx).Err(); err == nil {
 		t.Fatal("PING succeeded on a stopped server")
 	}
 	r.Start()
@@ -72,7 +78,7 @@ func TestRedisServerLifecycle(t *testing.T) {
 	}
 
 	r.Kill()
-	if err := c.Ping(ctx).Err(); err == nil {
+	if err := probe.Ping(ctx).Err(); err == nil {
 		t.Fatal("PING succeeded on a killed server")
 	}
 	r.Start()
@@ -82,6 +88,7 @@ func TestRedisServerLifecycle(t *testing.T) {
 }
 
 func TestRedisServerPauseResume(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 2*time.Minute)
 	r := RedisServer(t)
 	c := redis.NewClient(&redis.Options{Addr: r.Addr, ReadTimeout: 300 * time.Millisecond, MaxRetries: -1})
@@ -102,6 +109,7 @@ func TestRedisServerPauseResume(t *testing.T) {
 }
 
 func TestRedisServerPassword(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, time.Minute)
 	r := RedisServer(t, WithPassword("s3cret"))
 	if err := r.Client().Set(ctx, "k", "v", 0).Err(); err != nil {
@@ -115,6 +123,7 @@ func TestRedisServerPassword(t *testing.T) {
 }
 
 func TestRedisCluster(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, time.Minute)
 	c := RedisCluster(t)
 	node := c.Masters[0].Client()
@@ -166,6 +175,7 @@ func TestRedisCluster(t *testing.T) {
 }
 
 func TestRedisClusterWithReplicas(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 2*time.Minute)
 	c := RedisCluster(t, WithClusterReplicas(1))
 	if len(c.Nodes()) != 6 {
@@ -189,6 +199,7 @@ func TestRedisClusterWithReplicas(t *testing.T) {
 }
 
 func TestRedisSentinelFailover(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 3*time.Minute)
 	s := RedisSentinel(t)
 	if len(s.SentinelAddrs) != 3 {
@@ -239,6 +250,7 @@ func TestRedisSentinelFailover(t *testing.T) {
 }
 
 func TestEnvoyVersion(t *testing.T) {
+	t.Parallel()
 	bin := EnvoyBinary(t)
 	out, err := exec.Command(bin, "--version").CombinedOutput()
 	if err != nil {
