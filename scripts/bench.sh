@@ -1,0 +1,251 @@
+#!/usr/bin/env bash
+# bench.sh: measure envoy-rls on Redis with rls-bench and print one table.
+#
+# It builds envoy-rls and rls-bench into .tools/bin, starts on free loopback
+# ports a throwaway redis-server (no persistence), envoy-rls with a generated
+# `bench` domain, and a do-nothing RLS server in its own process
+# (`rls-bench serve-noop`), then runs:
+#
+#   do-nothing    the ceiling: what gRPC + loopback + the generator allow
+#   1 key         one descriptor, always the same key
+#   100k keys     one descriptor over 100,000 keys (remote_address)
+#   3 desc        three descriptors per request: IP, tenant+user (two limits),
+#                 route; 100,000 indexes
+#   hot key       one key whose tiny limit is exhausted: the OVER_LIMIT path
+#   open loop     the 3-descriptor mix at a fixed BENCH_RATE (default 3000/s),
+#                 latency from the intended send time (the tail under a steady
+#                 offered load, without coordinated omission)
+#
+# each closed-loop scenario at every BENCH_CALLERS (default "16 64") callers.
+# The "ceiling" column is each run's rate as a fraction of the do-nothing
+# server's at the same number of callers.
+#
+# CPU: rls-bench reads utime+stime from /proc/<pid>/stat of envoy-rls and
+# redis-server just before and after each measured phase (warm-up excluded)
+# and reports CPU µs per request ("rls µs/req", "redis µs/req"; "bench µs/req"
+# is the generator itself). On the do-nothing rows the rls column is the
+# do-nothing server's CPU: the floor a gRPC server pays per request. /proc
+# counts in 10 ms ticks, so very short runs are coarse.
+#
+# Environment:
+#   BENCH_DURATION   measured phase of each run (default 10s; 2s for a quick look)
+#   BENCH_WARMUP     warm-up of each run, discarded (default 2s)
+#   BENCH_CALLERS    closed-loop caller counts (default "16 64")
+#   BENCH_RATE       open-loop rate per second (default 3000)
+#   BENCH_OPEN_CALLERS  bound on in-flight requests in the open-loop run (default 64)
+#   BENCH_CONNECTIONS   gRPC connections of the generator (default 4)
+#   BENCH_SCENARIOS  which to run, space-separated, from
+#                    "ceiling one-key many-keys three-desc hot-key open-loop"
+#                    (default all); "ceiling" alone needs neither Redis nor envoy-rls
+#   BENCH_OUT        also write the JSON results (one object per run) to this file
+#
+# Needs: go, redis-server in PATH (`make test` installs it, or
+# scripts/install-deps.sh). Nothing else (no curl, no redis-cli, no jq).
+#
+# Note the machine: generator, envoy-rls, Redis and the do-nothing server share
+# its cores, so on a small machine the figures are a comparison between
+# scenarios, not a capacity statement.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+BENCH_DURATION="${BENCH_DURATION:-10s}"
+BENCH_WARMUP="${BENCH_WARMUP:-2s}"
+BENCH_CALLERS="${BENCH_CALLERS:-16 64}"
+BENCH_RATE="${BENCH_RATE:-3000}"
+BENCH_OPEN_CALLERS="${BENCH_OPEN_CALLERS:-64}"
+BENCH_CONNECTIONS="${BENCH_CONNECTIONS:-4}"
+BENCH_SCENARIOS="${BENCH_SCENARIOS:-ceiling one-key many-keys three-desc hot-key open-loop}"
+BENCH_OUT="${BENCH_OUT:-}"
+
+BIN="$ROOT/.tools/bin"
+log() { printf 'bench: %s\n' "$*" >&2; }
+die() { log "$*"; exit 1; }
+
+want() { [[ " $BENCH_SCENARIOS " == *" $1 "* ]]; }
+needs_rls=0
+for s in one-key many-keys three-desc hot-key open-loop; do
+	if want "$s"; then needs_rls=1; fi
+done
+
+# --- processes we start, stopped on exit (by pid, nothing else) -------------
+TMP="$(mktemp -d "${TMPDIR:-/tmp}/envoy-rls-bench.XXXXXX")"
+PIDS=()
+cleanup() {
+	local pid
+	for pid in "${PIDS[@]}"; do
+		kill "$pid" 2>/dev/null || true
+	done
+	for pid in "${PIDS[@]}"; do
+		wait "$pid" 2>/dev/null || true
+	done
+	rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# free_port prints a loopback port nobody answers on (a server that loses
+# the race for it fails to start and the script says so).
+free_port() {
+	local p try
+	for try in $(seq 1 100); do
+		p=$((20000 + RANDOM % 40000))
+		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+			echo "$p"
+			return 0
+		fi
+	done
+	die "no free loopback port found"
+}
+
+# wait_until NAME PID LOGFILE CMD...: poll CMD every 0.1 s for up to 15 s
+# while process PID lives.
+wait_until() {
+	local name="$1" pid="$2" logfile="$3"
+	shift 3
+	local i
+	for i in $(seq 1 150); do
+		if "$@" 2>/dev/null; then
+			return 0
+		fi
+		if ! kill -0 "$pid" 2>/dev/null; then
+			log "$name exited before it was ready; its log:"
+			cat "$logfile" >&2
+			exit 1
+		fi
+		sleep 0.1
+	done
+	log "$name not ready after 15s; its log:"
+	cat "$logfile" >&2
+	exit 1
+}
+
+tcp_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1"); }
+
+redis_pong() ( # redis_pong PORT: the server answers PING
+	exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+	printf 'PING\r\n' >&3
+	IFS= read -r -t 1 line <&3 || exit 1
+	[[ "$line" == "+PONG"* ]]
+)
+
+http_ok() ( # http_ok PORT PATH: the status line says 200
+	exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+	printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' "$2" >&3
+	IFS= read -r -t 2 line <&3 || exit 1
+	[[ "$line" == "HTTP/1."?" 200"* ]]
+)
+
+# --- build -------------------------------------------------------------------
+mkdir -p "$BIN"
+log "building rls-bench"
+go build -o "$BIN/rls-bench" ./cmd/rls-bench
+if [ "$needs_rls" = 1 ]; then
+	log "building envoy-rls"
+	go build -o "$BIN/envoy-rls" ./cmd/envoy-rls ||
+		die "envoy-rls does not build; BENCH_SCENARIOS=ceiling runs the do-nothing ceiling alone"
+	command -v redis-server >/dev/null 2>&1 ||
+		die "redis-server not found in PATH: run \`make test\` (it installs redis-server) or scripts/install-deps.sh"
+fi
+
+# --- servers -------------------------------------------------------------------
+NOOP_PORT="$(free_port)"
+"$BIN/rls-bench" serve-noop --addr "127.0.0.1:$NOOP_PORT" >"$TMP/noop.log" 2>&1 &
+NOOP_PID=$!
+PIDS+=("$NOOP_PID")
+wait_until "rls-bench serve-noop" "$NOOP_PID" "$TMP/noop.log" tcp_open "$NOOP_PORT"
+
+if [ "$needs_rls" = 1 ]; then
+	REDIS_PORT="$(free_port)"
+	redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
+		>"$TMP/redis.log" 2>&1 &
+	REDIS_PID=$!
+	PIDS+=("$REDIS_PID")
+	wait_until "redis-server" "$REDIS_PID" "$TMP/redis.log" redis_pong "$REDIS_PORT"
+
+	mkdir -p "$TMP/config"
+	cat >"$TMP/config/bench.yaml" <<'EOF'
+# Generated by scripts/bench.sh. Limits are huge so that every scenario but
+# the hot key stays OK and measures the admit path; `hot` is always over.
+domain: bench
+descriptors:
+  - key: remote_address
+    rate_limit: {name: bench_ip, unit: minute, requests_per_unit: 1000000000}
+  - key: tenant
+    rate_limit: {name: bench_tenant, unit: minute, requests_per_unit: 1000000000}
+    descriptors:
+      - key: user
+        rate_limits:
+          - {name: bench_user_burst, algorithm: token_bucket, unit: second, requests_per_unit: 1000000000}
+          - {name: bench_user_hourly, window: 1h, requests_per_unit: 1000000000}
+  - key: route
+    rate_limit: {name: bench_route, unit: minute, requests_per_unit: 1000000000}
+  - key: hot
+    rate_limit: {name: bench_hot, unit: minute, requests_per_unit: 1}
+EOF
+	RLS_GRPC="$(free_port)"
+	RLS_HTTP="$(free_port)"
+	RLS_DEBUG="$(free_port)"
+	"$BIN/envoy-rls" serve \
+		--config.dir "$TMP/config" \
+		--grpc.addr "127.0.0.1:$RLS_GRPC" \
+		--http.addr "127.0.0.1:$RLS_HTTP" \
+		--debug.addr "127.0.0.1:$RLS_DEBUG" \
+		--redis.url "redis://127.0.0.1:$REDIS_PORT" \
+		--log.level warn \
+		>"$TMP/envoy-rls.log" 2>&1 &
+	RLS_PID=$!
+	PIDS+=("$RLS_PID")
+	wait_until "envoy-rls" "$RLS_PID" "$TMP/envoy-rls.log" http_ok "$RLS_HTTP" /readyz
+	log "redis-server pid $REDIS_PID on :$REDIS_PORT, envoy-rls pid $RLS_PID on :$RLS_GRPC (http :$RLS_HTTP), do-nothing pid $NOOP_PID on :$NOOP_PORT"
+fi
+
+# --- runs ----------------------------------------------------------------------
+RESULTS="$TMP/results.jsonl"
+: >"$RESULTS"
+
+# bench LABEL ARGS...: one rls-bench run, its JSON appended to the results.
+bench() {
+	local label="$1"
+	shift
+	log "run: $label"
+	if ! "$BIN/rls-bench" --label "$label" --duration "$BENCH_DURATION" --warmup "$BENCH_WARMUP" \
+		--connections "$BENCH_CONNECTIONS" --cpu bench=self --json "$@" >>"$RESULTS" 2>"$TMP/run.err"; then
+		cat "$TMP/run.err" >&2
+		die "rls-bench failed: $label"
+	fi
+}
+
+rls() { bench "$@" --addr "127.0.0.1:$RLS_GRPC" --domain bench --cpu "rls=$RLS_PID" --cpu "redis=$REDIS_PID"; }
+
+THREE=(--descriptor 'remote_address=10.{i}' --descriptor 'tenant=t{i%100},user=u{i}' --descriptor 'route=/api/r{i%20}')
+
+for c in $BENCH_CALLERS; do
+	if want ceiling; then
+		bench "do-nothing" --addr "127.0.0.1:$NOOP_PORT" --is-ceiling --concurrency "$c" \
+			--descriptor 'remote_address=10.{i}' --cpu "rls=$NOOP_PID"
+	fi
+	if want one-key; then
+		rls "1 key" --concurrency "$c" --descriptor 'remote_address=10.0.0.1'
+	fi
+	if want many-keys; then
+		rls "100k keys" --concurrency "$c" --descriptor 'remote_address=10.{i}' --cardinality 100000
+	fi
+	if want three-desc; then
+		rls "3 desc, 100k" --concurrency "$c" "${THREE[@]}" --cardinality 100000
+	fi
+	if want hot-key; then
+		rls "hot key (over)" --concurrency "$c" --descriptor 'hot=1'
+	fi
+done
+if want open-loop; then
+	rls "open loop, 3 desc" --rate "$BENCH_RATE" --concurrency "$BENCH_OPEN_CALLERS" "${THREE[@]}" --cardinality 100000
+fi
+
+if [ -n "$BENCH_OUT" ]; then
+	cp "$RESULTS" "$BENCH_OUT"
+fi
+echo
+echo "envoy-rls bench: $(nproc 2>/dev/null || echo '?') CPUs, measured ${BENCH_DURATION} per run after ${BENCH_WARMUP} warm-up, ${BENCH_CONNECTIONS} connections; latencies in ms"
+"$BIN/rls-bench" report "$RESULTS"
