@@ -1,0 +1,336 @@
+package descriptors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+const ruleYAML = "domain: edge\ndescriptors:\n  - key: %s\n    rate_limit: {unit: second, requests_per_unit: 1}\n"
+
+// kubeDir mimics a Kubernetes ConfigMap volume: the files are symlinks
+// through ..data, which points at a hidden timestamped directory; an
+// update writes a new directory and renames a new ..data over the old one.
+type kubeDir struct {
+	t   *testing.T
+	dir string
+	gen int
+}
+
+func newKubeDir(t *testing.T, files map[string]string) *kubeDir {
+	k := &kubeDir{t: t, dir: t.TempDir()}
+	k.update(files)
+	for name := range files {
+		if err := os.Symlink(filepath.Join("..data", name), filepath.Join(k.dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return k
+}
+
+func (k *kubeDir) update(files map[string]string) {
+	k.t.Helper()
+	k.gen++
+	ts := fmt.Sprintf("..2026_01_01_00_00_%02d.%d", k.gen, k.gen)
+	if err := os.Mkdir(filepath.Join(k.dir, ts), 0o755); err != nil {
+		k.t.Fatal(err)
+	}
+	for name, content := range files {
+		write(k.t, filepath.Join(k.dir, ts), name, content)
+	}
+	tmp := filepath.Join(k.dir, "..data_tmp")
+	if err := os.Symlink(ts, tmp); err != nil {
+		k.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(k.dir, "..data")); err != nil {
+		k.t.Fatal(err)
+	}
+}
+
+// harness runs a Watcher driven by a tick channel and collects its events.
+type harness struct {
+	t      *testing.T
+	w      *Watcher
+	tick   chan time.Time
+	events chan ReloadEvent
+	now    time.Time
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func newHarness(t *testing.T, dir string) (*harness, error) {
+	h := &harness{
+		t:      t,
+		tick:   make(chan time.Time),
+		events: make(chan ReloadEvent, 100),
+		now:    time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC),
+		done:   make(chan error, 1),
+	}
+	w, err := NewWatcher(WatcherOptions{
+		Dir:      dir,
+		OnReload: func(ev ReloadEvent) { h.events <- ev },
+		Now:      func() time.Time { return h.now },
+		Tick:     h.tick,
+	})
+	if w == nil {
+		t.Fatalf("NewWatcher returned no watcher: %v", err)
+	}
+	h.w = w
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	go func() { h.done <- w.Run(ctx) }()
+	t.Cleanup(h.stop)
+	return h, err
+}
+
+func (h *harness) stop() {
+	if h.cancel == nil {
+		return
+	}
+	h.cancel()
+	h.cancel = nil
+	if err := <-h.done; !errors.Is(err, context.Canceled) {
+		h.t.Errorf("Run returned %v, want context.Canceled", err)
+	}
+}
+
+func (h *harness) next() ReloadEvent {
+	h.t.Helper()
+	select {
+	case ev := <-h.events:
+		if !ev.Time.Equal(h.now) {
+			h.t.Errorf("event time %v, want the injected %v", ev.Time, h.now)
+		}
+		return ev
+	case <-time.After(10 * time.Second): // a hang guard, not synchronisation
+		h.t.Fatal("no reload event")
+		return ReloadEvent{}
+	}
+}
+
+// poll makes Run check once and returns the event.
+func (h *harness) poll() ReloadEvent {
+	h.t.Helper()
+	h.tick <- h.now
+	ev := h.next()
+	if ev.Trigger != TriggerPoll {
+		h.t.Errorf("trigger %v, want poll", ev.Trigger)
+	}
+	return ev
+}
+
+// writeAtomic replaces a file by renaming a hidden temporary one over it, so
+// a concurrent check never sees a torn write (which would rightly fail).
+func writeAtomic(t *testing.T, dir, name, content string) {
+	tmp := "." + name + ".tmp"
+	write(t, dir, tmp, content)
+	if err := os.Rename(filepath.Join(dir, tmp), filepath.Join(dir, name)); err != nil {
+		t.Error(err)
+	}
+}
+
+func hasKey(c *Config, key string) bool { return c.Match("edge", []Entry{{key, "v"}}) != nil }
+
+func TestWatcherKubernetesConfigMap(t *testing.T) {
+	kd := newKubeDir(t, map[string]string{"edge.yaml": fmt.Sprintf(ruleYAML, "first")})
+	h, err := newHarness(t, kd.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := h.next()
+	if ev.Trigger != TriggerInitial || ev.Outcome != Loaded || ev.Err != nil || ev.Config != h.w.Current() || !hasKey(ev.Config, "first") {
+		t.Fatalf("initial event %+v", ev)
+	}
+	first := h.w.Current()
+
+	if ev := h.poll(); ev.Outcome != Unchanged || ev.Err != nil || h.w.Current() != first {
+		t.Fatalf("poll without change: %+v", ev)
+	}
+
+	// The ConfigMap is updated: a new ..data target.
+	kd.update(map[string]string{"edge.yaml": fmt.Sprintf(ruleYAML, "second")})
+	ev = h.poll()
+	if ev.Outcome != Loaded || ev.Err != nil || ev.Config != h.w.Current() {
+		t.Fatalf("after swap: %+v", ev)
+	}
+	second := h.w.Current()
+	if !hasKey(second, "second") || hasKey(second, "first") || !hasKey(first, "first") {
+		t.Fatal("new config not active, or the old one was modified")
+	}
+
+	// A broken update keeps the last good config and reports the error.
+	kd.update(map[string]string{"edge.yaml": "domain: edge\ndescriptors:\n  - key: third\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n"})
+	ev = h.poll()
+	var list ErrorList
+	if ev.Outcome != Failed || !errors.As(ev.Err, &list) || ev.Config != second || h.w.Current() != second {
+		t.Fatalf("after a broken update: %+v", ev)
+	}
+	if want := filepath.Join(kd.dir, "edge.yaml") + ":4:24: unknown unit"; len(list) != 1 || list[0].Error()[:len(want)] != want {
+		t.Errorf("error %v, want %s…", ev.Err, want)
+	}
+	// Polling again does not recompile but still says the files are bad.
+	if ev := h.poll(); ev.Outcome != Unchanged || ev.Err == nil || h.w.Current() != second {
+		t.Fatalf("poll of the still-broken files: %+v", ev)
+	}
+
+	// Fixing it activates the fixed config.
+	kd.update(map[string]string{"edge.yaml": fmt.Sprintf(ruleYAML, "fourth")})
+	ev = h.poll()
+	if ev.Outcome != Loaded || ev.Err != nil || !hasKey(h.w.Current(), "fourth") {
+		t.Fatalf("after the fix: %+v", ev)
+	}
+
+	// A new file in the folder is picked up too.
+	write(t, kd.dir, "other.yaml", "domain: other\n")
+	if ev := h.poll(); ev.Outcome != Loaded || !ev.Config.HasDomain("other") {
+		t.Fatalf("after adding a file: %+v", ev)
+	}
+	h.stop()
+}
+
+func TestWatcherInitialFailure(t *testing.T) {
+	dir := t.TempDir()
+	write(t, dir, "edge.yaml", "domain: edge\nbogus: true\n")
+	h, err := newHarness(t, dir)
+	var list ErrorList
+	if !errors.As(err, &list) || h.w.Current() != nil {
+		t.Fatalf("NewWatcher: %v, current %v", err, h.w.Current())
+	}
+	if ev := h.next(); ev.Trigger != TriggerInitial || ev.Outcome != Failed || ev.Config != nil {
+		t.Fatalf("initial event %+v", ev)
+	}
+	// An explicit Reload of the same broken files reports the error again.
+	if err := h.w.Reload(); !errors.As(err, &list) {
+		t.Fatalf("Reload: %v", err)
+	}
+	if ev := h.next(); ev.Trigger != TriggerReload || ev.Outcome != Failed {
+		t.Fatalf("reload event %+v", ev)
+	}
+	write(t, dir, "edge.yaml", fmt.Sprintf(ruleYAML, "k"))
+	if err := h.w.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if ev := h.next(); ev.Trigger != TriggerReload || ev.Outcome != Loaded || !hasKey(h.w.Current(), "k") {
+		t.Fatalf("reload event %+v", ev)
+	}
+	// Reload without a change is Unchanged and keeps the same Config.
+	cur := h.w.Current()
+	if err := h.w.Reload(); err != nil || h.w.Current() != cur {
+		t.Fatal(err)
+	}
+	if ev := h.next(); ev.Outcome != Unchanged {
+		t.Fatalf("reload event %+v", ev)
+	}
+}
+
+func TestWatcherMissingFolder(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "config")
+	h, err := newHarness(t, dir)
+	if !errors.Is(err, os.ErrNotExist) || h.w.Current() != nil {
+		t.Fatalf("NewWatcher: %v", err)
+	}
+	h.next()
+	if ev := h.poll(); ev.Outcome != Failed || !errors.Is(ev.Err, os.ErrNotExist) {
+		t.Fatalf("poll: %+v", ev)
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write(t, dir, "edge.yaml", fmt.Sprintf(ruleYAML, "k"))
+	if ev := h.poll(); ev.Outcome != Loaded || !hasKey(h.w.Current(), "k") {
+		t.Fatalf("poll: %+v", ev)
+	}
+	if w, err := NewWatcher(WatcherOptions{}); w != nil || err == nil {
+		t.Error("NewWatcher without Dir succeeded")
+	}
+}
+
+// TestWatcherConcurrentReload runs Reload from several goroutines while Run
+// polls and readers call Current; run it with -race.
+func TestWatcherConcurrentReload(t *testing.T) {
+	dir := t.TempDir()
+	write(t, dir, "edge.yaml", fmt.Sprintf(ruleYAML, "k0"))
+	h, err := newHarness(t, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.next()
+	var wg sync.WaitGroup
+	const reloaders, rounds = 4, 20
+	for g := range reloaders {
+		wg.Go(func() {
+			for i := range rounds {
+				if g == 0 {
+					writeAtomic(t, dir, "edge.yaml", fmt.Sprintf(ruleYAML, fmt.Sprintf("k%d", i+1)))
+				}
+				if err := h.w.Reload(); err != nil {
+					t.Error(err)
+				}
+				if c := h.w.Current(); c == nil || len(c.Rules("edge")) != 1 {
+					t.Error("no current config")
+				}
+			}
+		})
+	}
+	wg.Go(func() {
+		for range rounds {
+			h.tick <- h.now
+		}
+	})
+	wg.Wait()
+	for range reloaders*rounds + rounds {
+		ev := h.next()
+		if ev.Outcome == Failed {
+			t.Errorf("event %+v", ev)
+		}
+	}
+	// Every check has reported; the last write is the active config.
+	if err := h.w.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	h.next()
+	if !hasKey(h.w.Current(), fmt.Sprintf("k%d", rounds)) {
+		t.Errorf("last write not active: %v", h.w.Current().Rules("edge")[0].ID)
+	}
+}
+
+// TestWatcherTicker runs Run on its own ticker: a change is picked up
+// without any Reload.
+func TestWatcherTicker(t *testing.T) {
+	dir := t.TempDir()
+	write(t, dir, "edge.yaml", fmt.Sprintf(ruleYAML, "a"))
+	events := make(chan ReloadEvent, 1000)
+	w, err := NewWatcher(WatcherOptions{Dir: dir, Interval: time.Millisecond, OnReload: func(ev ReloadEvent) {
+		select {
+		case events <- ev:
+		default:
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- w.Run(ctx) }()
+	writeAtomic(t, dir, "edge.yaml", fmt.Sprintf(ruleYAML, "b"))
+	deadline := time.After(10 * time.Second) // hang guard
+	for !hasKey(w.Current(), "b") {
+		select {
+		case ev := <-events:
+			if ev.Outcome == Failed {
+				t.Fatalf("event %+v", ev)
+			}
+		case <-deadline:
+			t.Fatal("change not picked up")
+		}
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("Run: %v", err)
+	}
+}
