@@ -1,0 +1,863 @@
+package rls
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/envoy-rls/envoy-rls/pkg/algorithm"
+	"github.com/envoy-rls/envoy-rls/pkg/descriptors"
+	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+)
+
+// testYAML is the descriptor configuration most tests use. Most limits are
+// fixed windows so that the model below is easy to follow, but the model is
+// the real pkg/algorithm, so any algorithm works.
+const testYAML = `
+domain: test
+descriptors:
+  - key: user
+    rate_limit: {name: per_user, unit: minute, requests_per_unit: 5, algorithm: fixed_window}
+  - key: tenant
+    rate_limit: {name: per_tenant, unit: minute, requests_per_unit: 3, algorithm: fixed_window}
+    descriptors:
+      - key: plan
+        value: gold
+        rate_limit:
+          name: gold_plan
+          unit: minute
+          requests_per_unit: 10
+          algorithm: fixed_window
+          replaces: [{name: per_tenant}]
+  - key: free
+    rate_limit: {unlimited: true}
+  - key: shadowed
+    shadow_mode: true
+    rate_limit: {name: shadow_rule, unit: minute, requests_per_unit: 1, algorithm: fixed_window}
+  - key: multi
+    rate_limits:
+      - {name: burst, window: 10s, requests_per_unit: 2, algorithm: fixed_window}
+      - {name: hourly, unit: hour, requests_per_unit: 3, algorithm: fixed_window}
+  - key: odd
+    rate_limit: {name: odd_window, window: 1500ms, requests_per_unit: 1, algorithm: fixed_window}
+  - key: ninety
+    rate_limit: {name: ninety, window: 90s, requests_per_unit: 1}
+  - key: slow
+    rate_limit: {name: slow, window: 10s, requests_per_unit: 1, algorithm: fixed_window}
+  - key: bucket
+    rate_limit: {name: bucket, unit: second, requests_per_unit: 2, burst: 4, algorithm: token_bucket}
+`
+
+var testFiles = map[string]string{"test.yaml": testYAML}
+
+// model is the reference the tests compare the service with: pkg/algorithm
+// applied with the batch semantics of limiter.Limiter (all-or-nothing; a
+// request sees earlier requests of the batch on the same counter).
+type model struct {
+	st  map[string]algorithm.State
+	now func() int64
+}
+
+func newModel(c *clock) *model {
+	return &model{st: map[string]algorithm.State{}, now: func() int64 { return c.ms.Load() }}
+}
+
+type mreq struct {
+	counter string // the test's name for the counter
+	limit   limiter.Limit
+	hits    uint64
+	shadow  bool
+}
+
+func (m *model) batch(reqs ...mreq) []algorithm.Decision {
+	now := m.now()
+	cur := map[string]algorithm.State{}
+	for k, v := range m.st {
+		cur[k] = v
+	}
+	out := make([]algorithm.Decision, len(reqs))
+	ok := true
+	for i, r := range reqs {
+		d, ns := algorithm.Decide(r.limit, cur[r.counter], now, r.hits)
+		out[i] = d
+		if d.Allowed && r.hits > 0 {
+			cur[r.counter] = ns
+		}
+		if !d.Allowed && !r.shadow {
+			ok = false
+		}
+	}
+	if ok {
+		m.st = cur
+		return out
+	}
+	for i, r := range reqs {
+		d, _ := algorithm.Decide(r.limit, m.st[r.counter], now, 0)
+		out[i].Remaining, out[i].ResetAfter = d.Remaining, d.ResetAfter
+	}
+	return out
+}
+
+// limitOf returns the compiled limit named name of the rule matching kv.
+func limitOf(t *testing.T, cfg *descriptors.Config, domain, name string, kv ...string) descriptors.Limit {
+	t.Helper()
+	var es []descriptors.Entry
+	for i := 0; i+1 < len(kv); i += 2 {
+		es = append(es, descriptors.Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	r := cfg.Match(domain, es)
+	if r == nil {
+		t.Fatalf("no rule matches %v", kv)
+	}
+	for _, l := range r.Limits {
+		if l.Name == name {
+			return l
+		}
+	}
+	t.Fatalf("rule %s has no limit %q", r.ID, name)
+	return descriptors.Limit{}
+}
+
+// checkStatus compares a descriptor status with the model's decision for l.
+func checkStatus(t *testing.T, what string, st *rlsv3.RateLimitResponse_DescriptorStatus, wantCode rlsv3.RateLimitResponse_Code, l descriptors.Limit, d algorithm.Decision) {
+	t.Helper()
+	if st.Code != wantCode {
+		t.Errorf("%s: code %v, want %v", what, st.Code, wantCode)
+	}
+	cl := st.CurrentLimit
+	if cl == nil {
+		t.Fatalf("%s: no current_limit", what)
+	}
+	unit, mult := reportedUnit(&l)
+	if cl.Name != l.Name || uint64(cl.RequestsPerUnit) != l.Limit.Requests || cl.Unit != unit || cl.GetUnitMultiplier().GetValue() != map[bool]uint32{true: mult, false: 0}[mult > 1] {
+		t.Errorf("%s: current_limit %v, want %s %d/%v×%d", what, cl, l.Name, l.Limit.Requests, unit, mult)
+	}
+	if uint64(st.LimitRemaining) != d.Remaining {
+		t.Errorf("%s: remaining %d, want %d", what, st.LimitRemaining, d.Remaining)
+	}
+	if got := st.DurationUntilReset.AsDuration(); got != d.ResetAfter {
+		t.Errorf("%s: reset %v, want %v", what, got, d.ResetAfter)
+	}
+}
+
+func TestValidationRejectsAndCountsNothing(t *testing.T) {
+	e := newEnv(t, testFiles, Options{})
+	cfg := e.svc.cfg.Current()
+	perUser := limitOf(t, cfg, "test", "per_user", "user", "alice")
+	alice := func() *commonv3.RateLimitDescriptor { return desc("user", "alice") }
+	many := func(n int) []*commonv3.RateLimitDescriptor {
+		ds := make([]*commonv3.RateLimitDescriptor, n)
+		for i := range ds {
+			ds[i] = alice()
+		}
+		return ds
+	}
+	manyEntries := desc()
+	for i := range DefaultMaxEntries + 1 {
+		manyEntries.Entries = append(manyEntries.Entries, &commonv3.RateLimitDescriptor_Entry{Key: "k" + strconv.Itoa(i), Value: "v"})
+	}
+	override := func(o *commonv3.RateLimitDescriptor_RateLimitOverride) *commonv3.RateLimitDescriptor {
+		d := alice()
+		d.Limit = o
+		return d
+	}
+	cases := []struct {
+		name string
+		req  *rlsv3.RateLimitRequest
+		want string // the message must start with it
+	}{
+		{"empty domain", request("", alice()), "domain: must not be empty"},
+		{"no descriptors", request("test"), "descriptors: must not be empty"},
+		{"descriptor without entries", request("test", alice(), desc()), "descriptors[1].entries: must not be empty"},
+		{"empty key", request("test", alice(), desc("", "x")), "descriptors[1].entries[0].key: must not be empty"},
+		{"empty value", request("test", alice(), desc("user", "bob", "path", "")), "descriptors[1].entries[1].value: must not be empty"},
+		{"too many descriptors", &rlsv3.RateLimitRequest{Domain: "test", Descriptors: many(DefaultMaxDescriptors + 1)}, "descriptors: 65 descriptors exceed the maximum of 64"},
+		{"too many entries", request("test", alice(), manyEntries), "descriptors[1].entries: 17 entries exceed the maximum of 16"},
+		{"long domain", request(strings.Repeat("d", DefaultMaxDomainBytes+1), alice()), "domain: 257 bytes exceed the maximum of 256"},
+		{"long key", request("test", alice(), desc(strings.Repeat("k", DefaultMaxKeyBytes+1), "v")), "descriptors[1].entries[0].key: 257 bytes exceed"},
+		{"long value", request("test", alice(), desc("user", strings.Repeat("v", DefaultMaxValueBytes+1))), "descriptors[1].entries[0].value: 1025 bytes exceed"},
+		{"override of 0 requests", request("test", override(&commonv3.RateLimitDescriptor_RateLimitOverride{Unit: typev3.RateLimitUnit_SECOND})), "descriptors[0].limit.requests_per_unit: must be positive"},
+		{"override without unit", request("test", alice(), override(&commonv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 3})), "descriptors[1].limit.unit: UNKNOWN is not a known unit"},
+		{"override with unknown unit", request("test", override(&commonv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 3, Unit: 42})), "descriptors[0].limit.unit: 42 is not a known unit"},
+		{"override multiplier 0", request("test", override(&commonv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 3, Unit: typev3.RateLimitUnit_MINUTE, UnitMultiplier: wrapperspb.UInt32(0)})), "descriptors[0].limit.unit_multiplier: must be positive"},
+	}
+	for _, c := range cases {
+		_, err := e.call(c.req)
+		if status.Code(err) != codes.InvalidArgument || !strings.HasPrefix(errMessage(err), c.want) {
+			t.Errorf("%s: got %v, want InvalidArgument %q", c.name, err, c.want)
+		}
+	}
+
+	// Strings that are not UTF-8 cannot be sent by the standard encoder:
+	// encode placeholders of the same length and swap the bytes.
+	const bad = "\xff\xfe"
+	raw := func(req *rlsv3.RateLimitRequest) []byte {
+		b, err := proto.Marshal(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return bytes.ReplaceAll(b, []byte("@@"), []byte(bad))
+	}
+	rawCases := []struct {
+		name string
+		b    []byte
+		want string
+	}{
+		{"invalid UTF-8 domain", raw(request("te@@st", alice())), "domain: invalid UTF-8"},
+		{"invalid UTF-8 key", raw(request("test", alice(), desc("u@@", "v"))), "descriptors[1].entries[0].key: invalid UTF-8"},
+		{"invalid UTF-8 value", raw(request("test", alice(), alice(), desc("user", "x", "path", "/@@"))), "descriptors[2].entries[1].value: invalid UTF-8"},
+		{"truncated protobuf", raw(request("test", alice()))[:7], "request: malformed protobuf"},
+	}
+	for _, c := range rawCases {
+		_, err := e.callRaw(c.b)
+		if status.Code(err) != codes.InvalidArgument || !strings.HasPrefix(errMessage(err), c.want) {
+			t.Errorf("%s: got %v, want InvalidArgument %q", c.name, err, c.want)
+		}
+	}
+	// The raw path decodes valid requests as usual.
+	resp, err := e.callRaw(raw(request("test", alice())))
+	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("raw valid request: %v, %v", resp, err)
+	}
+
+	// Nothing above was counted but that last valid request.
+	m := newModel(e.clock)
+	m.batch(mreq{"alice", perUser.Limit, 1, false})
+	want := m.batch(mreq{"alice", perUser.Limit, 1, false})
+	resp = e.must(request("test", alice()))
+	checkStatus(t, "after the invalid requests", resp.Statuses[0], rlsv3.RateLimitResponse_OK, perUser, want[0])
+}
+
+func TestValidationHonoursConfiguredLimits(t *testing.T) {
+	e := newEnv(t, testFiles, Options{Limits: RequestLimits{MaxDescriptors: 2, MaxEntries: 1, MaxValueBytes: 4}})
+	for _, c := range []struct {
+		req  *rlsv3.RateLimitRequest
+		want string
+	}{
+		{request("test", desc("user", "a"), desc("user", "b"), desc("user", "c")), "descriptors: 3 descriptors exceed the maximum of 2"},
+		{request("test", desc("tenant", "a", "plan", "gold")), "descriptors[0].entries: 2 entries exceed the maximum of 1"},
+		{request("test", desc("user", "abcde")), "descriptors[0].entries[0].value: 5 bytes exceed the maximum of 4"},
+	} {
+		if _, err := e.call(c.req); status.Code(err) != codes.InvalidArgument || errMessage(err) != c.want {
+			t.Errorf("got %v, want InvalidArgument %q", err, c.want)
+		}
+	}
+	if resp := e.must(request("test", desc("user", "abcd"))); resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Errorf("request within the limits: %v", resp)
+	}
+}
+
+func TestUnknownDomainIsOKWithoutLimits(t *testing.T) {
+	e := newEnv(t, testFiles, Options{})
+	for range 3 {
+		resp := e.must(request("nope", desc("user", "alice"), desc("free", "x")))
+		if resp.OverallCode != rlsv3.RateLimitResponse_OK {
+			t.Errorf("overall %v", resp.OverallCode)
+		}
+		for i, st := range resp.Statuses {
+			if st.Code != rlsv3.RateLimitResponse_OK || st.CurrentLimit != nil {
+				t.Errorf("status %d: %v", i, st)
+			}
+		}
+		if len(resp.ResponseHeadersToAdd) != 0 || resp.DynamicMetadata != nil {
+			t.Errorf("unknown domain answered with headers or metadata: %v", resp)
+		}
+	}
+	e.must(request("other", desc("user", "alice")))
+	if got := e.obs.unknown; len(got) != 4 || got[0] != "nope" || got[3] != "other" {
+		t.Errorf("Observer.UnknownDomain calls: %q", got)
+	}
+	if n := strings.Count(e.logs.String(), "domain=nope"); n != 1 {
+		t.Errorf("domain nope logged %d times, want once:\n%s", n, e.logs)
+	}
+	if n := strings.Count(e.logs.String(), "domain=other"); n != 1 {
+		t.Errorf("domain other logged %d times, want once", n)
+	}
+	// An override in an unknown domain is not applied either (incumbent).
+	d := desc("user", "alice")
+	d.Limit = &commonv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: typev3.RateLimitUnit_HOUR}
+	for range 2 {
+		if resp := e.must(request("nope", d)); resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit != nil {
+			t.Errorf("override in an unknown domain: %v", resp)
+		}
+	}
+}
+
+func TestUnknownDomainMemoryIsBounded(t *testing.T) {
+	u := unknownDomains{max: 3}
+	for _, d := range []string{"a", "b", "c"} {
+		if !u.first(d) {
+			t.Errorf("%s not new", d)
+		}
+	}
+	if u.first("a") {
+		t.Error("a logged twice")
+	}
+	if !u.first("d") || len(u.seen) != 1 {
+		t.Errorf("after the 4th domain the set holds %d, want it reset to 1", len(u.seen))
+	}
+}
+
+func TestHitsAddend(t *testing.T) {
+	e := newEnv(t, testFiles, Options{})
+	l := limitOf(t, e.svc.cfg.Current(), "test", "per_user", "user", "u")
+	m := newModel(e.clock)
+	withHits := func(d *commonv3.RateLimitDescriptor, h uint64) *commonv3.RateLimitDescriptor {
+		d.HitsAddend = wrapperspb.UInt64(h)
+		return d
+	}
+	steps := []struct {
+		name     string
+		reqHits  uint32
+		descHits *uint64
+		want     uint64 // hits the model applies
+	}{
+		{"request-level 0 means 1", 0, nil, 1},
+		{"request-level 2", 2, nil, 2},
+		{"descriptor 1 overrides request-level 3", 3, ptr(uint64(1)), 1},
+		{"descriptor explicit 0 checks only", 3, ptr(uint64(0)), 0},
+		{"request-level 1 fills the window", 1, nil, 1},
+		{"explicit 0 at the limit is denied and consumes nothing", 0, ptr(uint64(0)), 0},
+		{"more than capacity is denied", 0, ptr(uint64(6)), 6},
+	}
+	for _, s := range steps {
+		d := desc("user", "u")
+		if s.descHits != nil {
+			d = withHits(d, *s.descHits)
+		}
+		req := request("test", d)
+		req.HitsAddend = s.reqHits
+		want := m.batch(mreq{"u", l.Limit, s.want, false})[0]
+		resp := e.must(req)
+		code := rlsv3.RateLimitResponse_OK
+		if !want.Allowed {
+			code = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		checkStatus(t, s.name, resp.Statuses[0], code, l, want)
+		if resp.OverallCode != code {
+			t.Errorf("%s: overall %v, want %v", s.name, resp.OverallCode, code)
+		}
+	}
+	// The state reached: 5 of 5 consumed, so the window is full.
+	if got := m.batch(mreq{"u", l.Limit, 0, false})[0]; got.Remaining != 0 {
+		t.Fatalf("model: remaining %d, the steps should fill the window", got.Remaining)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func TestNegativeHitsAreCheckedInShadow(t *testing.T) {
+	e := newEnv(t, testFiles, Options{})
+	l := limitOf(t, e.svc.cfg.Current(), "test", "slow", "slow", "s")
+	e.must(request("test", desc("slow", "s"))) // fills the 1-request window
+	d := desc("slow", "s")
+	d.HitsAddend = wrapperspb.UInt64(1)
+	d.IsNegativeHits = true
+	resp := e.must(request("test", d))
+	m := newModel(e.clock)
+	m.batch(mreq{"s", l.Limit, 1, false})
+	want := m.batch(mreq{"s", l.Limit, 0, true})[0]
+	checkStatus(t, "refund", resp.Statuses[0], rlsv3.RateLimitResponse_OK, l, want)
+	if resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Errorf("a refund made the answer %v", resp.OverallCode)
+	}
+}
+
+func TestLimitOverride(t *testing.T) {
+	e := newEnv(t, testFiles, Options{})
+	cfg := e.svc.cfg.Current()
+	perUser := limitOf(t, cfg, "test", "per_user", "user", "u")
+	m := newModel(e.clock)
+	over := func(kv ...string) *commonv3.RateLimitDescriptor {
+		d := desc(kv...)
+		d.Limit = &commonv3.RateLimitDescriptor_RateLimitOverride{
+			RequestsPerUnit: 2, Unit: typev3.RateLimitUnit_SECOND, UnitMultiplier: wrapperspb.UInt32(30),
+		}
+		return d
+	}
+	// The override keeps the rule's algorithm (fixed_window) and name.
+	ol := descriptors.Limit{Name: "per_user", Limit: limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 2, Window: 30 * time.Second}}
+	for i := range 3 {
+		want := m.batch(mreq{"override u", ol.Limit, 1, false})[0]
+		resp := e.must(request("test", over("user", "u")))
+		code := map[bool]rlsv3.RateLimitResponse_Code{true: rlsv3.RateLimitResponse_OK, false: rlsv3.RateLimitResponse_OVER_LIMIT}[want.Allowed]
+		st := resp.Statuses[0]
+		if st.Code != code || st.CurrentLimit.GetName() != "per_user" || st.CurrentLimit.GetRequestsPerUnit() != 2 ||
+			st.CurrentLimit.GetUnit() != rlsv3.RateLimitResponse_RateLimit_SECOND || st.CurrentLimit.GetUnitMultiplier().GetValue() != 30 ||
+			uint64(st.LimitRemaining) != want.Remaining || st.DurationUntilReset.AsDuration() != want.ResetAfter {
+			t.Errorf("override request %d: %v, want code %v, 2 per 30 SECOND, %+v", i, st, code, want)
+		}
+	}
+	// The rule's own counter was not touched.
+	want := m.batch(mreq{"rule u", perUser.Limit, 1, false})[0]
+	checkStatus(t, "rule after overrides", e.must(request("test", desc("user", "u"))).Statuses[0], rlsv3.RateLimitResponse_OK, perUser, want)
+
+	// An override applies without a matching rule, and over an unlimited one.
+	for _, kv := range [][]string{{"nomatch", "x"}, {"free", "x"}} {
+		m := newModel(e.clock)
+		noRule := limiter.Limit{Algorithm: limiter.SlidingWindow, Requests: 2, Window: 30 * time.Second}
+		for i := range 3 {
+			want := m.batch(mreq{"o", noRule, 1, false})[0]
+			st := e.must(request("test", over(kv...))).Statuses[0]
+			wantName := "override"
+			if kv[0] == "free" {
+				wantName = "free" // the unlimited rule's name (its ID)
+			}
+			if (st.Code == rlsv3.RateLimitResponse_OK) != want.Allowed || st.CurrentLimit.GetName() != wantName ||
+				uint64(st.LimitRemaining) != want.Remaining {
+				t.Errorf("%v request %d: %v, want allowed=%v remaining %d name %s", kv, i, st, want.Allowed, want.Remaining, wantName)
+			}
+		}
+	}
+}
+
+func TestShadowRule(t *testing.T) {
+	e := newEnv(t, testFiles, Options{})
+	l := limitOf(t, e.svc.cfg.Current(), "test", "shadow_rule", "shadowed", "s")
+	m := newModel(e.clock)
+	for i := range 3 {
+		want := m.batch(mreq{"s", l.Limit, 1, true})[0]
+		resp := e.must(request("test", desc("shadowed", "s")))
+		checkStatus(t, fmt.Sprintf("shadow request %d", i), resp.Statuses[0], rlsv3.RateLimitResponse_OK, l, want)
+		if resp.OverallCode != rlsv3.RateLimitResponse_OK || len(resp.ResponseHeadersToAdd) != 0 || resp.RawBody != nil {
+			t.Errorf("shadow request %d: %v", i, resp)
+		}
+		wantOutcome := OutcomeOK
+		if !want.Allowed {
+			wantOutcome = OutcomeShadowOverLimit
+		}
+		if md := resp.DynamicMetadata.GetFields(); md["decision"].GetStringValue() != wantOutcome.String() {
+			t.Errorf("shadow request %d: metadata %v, want decision %v", i, md, wantOutcome)
+		}
+		if got := e.obs.take(); len(got) != 1 || got[0].Outcome != wantOutcome || got[0].Limit != "shadow_rule" {
+			t.Errorf("shadow request %d: observed %+v, want %v", i, got, wantOutcome)
+		}
+	}
+}
+
+func TestGlobalShadow(t *testing.T) {
+	e := newEnv(t, testFiles, Options{Shadow: true})
+	l := limitOf(t, e.svc.cfg.Current(), "test", "slow", "slow", "s")
+	m := newModel(e.clock)
+	for i := range 3 {
+		want := m.batch(mreq{"s", l.Limit, 1, true})[0]
+		resp := e.must(request("test", desc("slow", "s")))
+		checkStatus(t, fmt.Sprintf("request %d", i), resp.Statuses[0], rlsv3.RateLimitResponse_OK, l, want)
+		if resp.OverallCode != rlsv3.RateLimitResponse_OK {
+			t.Errorf("request %d: overall %v in global shadow mode", i, resp.OverallCode)
+		}
+		if i > 0 && want.Allowed {
+			t.Fatalf("model admitted request %d of a 1-request window", i)
+		}
+	}
+	if got := e.obs.take(); len(got) != 3 || got[2].Outcome != OutcomeShadowOverLimit {
+		t.Errorf("observed %+v", got)
+	}
+}
+
+func TestUnlimitedAndNoRule(t *testing.T) {
+	e := newEnv(t, testFiles, Options{})
+	for range 3 {
+		resp := e.must(request("test", desc("free", "x"), desc("nomatch", "y"), desc("user", "u", "extra", "deeper")))
+		for i, st := range resp.Statuses {
+			if st.Code != rlsv3.RateLimitResponse_OK || st.CurrentLimit != nil || st.DurationUntilReset != nil {
+				t.Errorf("status %d: %v", i, st)
+			}
+		}
+		if resp.OverallCode != rlsv3.RateLimitResponse_OK || len(resp.ResponseHeadersToAdd) != 0 || resp.DynamicMetadata != nil {
+			t.Errorf("response %v", resp)
+		}
+		got := e.obs.take()
+		if len(got) != 3 || got[0].Outcome != OutcomeUnlimited || got[0].Rule != "free" || got[1].Outcome != OutcomeNoRule || got[2].Outcome != OutcomeNoRule {
+			t.Errorf("observed %+v", got)
+		}
+	}
+}
+
+func TestReplaces(t *testing.T) {
+	e := newEnv(t, testFiles, Options{})
+	cfg := e.svc.cfg.Current()
+	perTenant := limitOf(t, cfg, "test", "per_tenant", "tenant", "acme")
+	gold := limitOf(t, cfg, "test", "gold_plan", "tenant", "acme", "plan", "gold")
+	m := newModel(e.clock)
+	// With the gold descriptor in the request, per_tenant (3/min) is
+	// replaced: 5 requests pass and only gold_plan counts.
+	for i := range 5 {
+		resp := e.must(request("test", desc("tenant", "acme"), desc("tenant", "acme", "plan", "gold")))
+		want := m.batch(mreq{"gold", gold.Limit, 1, false})[0]
+		if st := resp.Statuses[0]; st.Code != rlsv3.RateLimitResponse_OK || st.CurrentLimit != nil {
+			t.Errorf("request %d: replaced descriptor status %v, want OK without a limit", i, st)
+		}
+		checkStatus(t, fmt.Sprintf("request %d gold", i), resp.Statuses[1], rlsv3.RateLimitResponse_OK, gold, want)
+	}
+	// Without it, per_tenant applies and was never counted above.
+	for i := range 4 {
+		want := m.batch(mreq{"tenant", perTenant.Limit, 1, false})[0]
+		code := map[bool]rlsv3.RateLimitResponse_Code{true: rlsv3.RateLimitResponse_OK, false: rlsv3.RateLimitResponse_OVER_LIMIT}[want.Allowed]
+		checkStatus(t, fmt.Sprintf("per_tenant %d", i), e.must(request("test", desc("tenant", "acme"))).Statuses[0], code, perTenant, want)
+	}
+}
+
+func TestSeveralLimitsPerDescriptor(t *testing.T) {
+	e := newEnv(t, testFiles, Options{})
+	cfg := e.svc.cfg.Current()
+	burst := limitOf(t, cfg, "test", "burst", "multi", "m")
+	hourly := limitOf(t, cfg, "test", "hourly", "multi", "m")
+	m := newModel(e.clock)
+	// Step through time: two requests per 10 s burst window, three per hour.
+	for i, at := range []time.Duration{0, time.Second, 2 * time.Second, 10 * time.Second, 11 * time.Second, 21 * time.Second} {
+		e.clock.Set(t0.Add(at))
+		d := m.batch(mreq{"burst", burst.Limit, 1, false}, mreq{"hourly", hourly.Limit, 1, false})
+		resp := e.must(request("test", desc("multi", "m")))
+		// The model picks the most restrictive: a denial (longest
+		// retry) first, else the fewest remaining.
+		l, want := burst, d[0]
+		switch {
+		case !d[0].Allowed && !d[1].Allowed:
+			if d[1].RetryAfter > d[0].RetryAfter {
+				l, want = hourly, d[1]
+			}
+		case !d[1].Allowed:
+			l, want = hourly, d[1]
+		case d[0].Allowed && d[1].Remaining < d[0].Remaining:
+			l, want = hourly, d[1]
+		}
+		code := rlsv3.RateLimitResponse_OK
+		if !d[0].Allowed || !d[1].Allowed {
+			code = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		checkStatus(t, fmt.Sprintf("request %d at +%v", i, at), resp.Statuses[0], code, l, want)
+		if resp.OverallCode != code {
+			t.Errorf("request %d: overall %v, want %v", i, resp.OverallCode, code)
+		}
+	}
+}
+
+func TestStatusesInOrder(t *testing.T) {
+	e := newEnv(t, testFiles, Options{})
+	cfg := e.svc.cfg.Current()
+	perUser := limitOf(t, cfg, "test", "per_user", "user", "u")
+	slow := limitOf(t, cfg, "test", "slow", "slow", "s")
+	ninety := limitOf(t, cfg, "test", "ninety", "ninety", "n")
+	bucket := limitOf(t, cfg, "test", "bucket", "bucket", "b")
+	m := newModel(e.clock)
+	e.clock.Set(t0.Add(1234 * time.Millisecond))
+	req := request("test", desc("user", "u"), desc("nomatch", "x"), desc("slow", "s"), desc("user", "u"), desc("ninety", "n"), desc("bucket", "b"))
+	req.HitsAddend = 1
+	want := m.batch(
+		mreq{"u", perUser.Limit, 1, false},
+		mreq{"s", slow.Limit, 1, false},
+		mreq{"u", perUser.Limit, 1, false}, // the same counter twice counts twice
+		mreq{"n", ninety.Limit, 1, false},
+		mreq{"b", bucket.Limit, 1, false},
+	)
+	resp := e.must(req)
+	checkStatus(t, "0", resp.Statuses[0], rlsv3.RateLimitResponse_OK, perUser, want[0])
+	if st := resp.Statuses[1]; st.Code != rlsv3.RateLimitResponse_OK || st.CurrentLimit != nil {
+		t.Errorf("1: %v", st)
+	}
+	checkStatus(t, "2", resp.Statuses[2], rlsv3.RateLimitResponse_OK, slow, want[1])
+	checkStatus(t, "3", resp.Statuses[3], rlsv3.RateLimitResponse_OK, perUser, want[2])
+	checkStatus(t, "4", resp.Statuses[4], rlsv3.RateLimitResponse_OK, ninety, want[3])
+	checkStatus(t, "5", resp.Statuses[5], rlsv3.RateLimitResponse_OK, bucket, want[4])
+	if want[0].Remaining == want[2].Remaining {
+		t.Errorf("the model did not count the repeated descriptor twice: %+v", want)
+	}
+	// Arbitrary windows are reported as multiples of a unit.
+	if cl := resp.Statuses[4].CurrentLimit; cl.Unit != rlsv3.RateLimitResponse_RateLimit_SECOND || cl.GetUnitMultiplier().GetValue() != 90 {
+		t.Errorf("90s window reported as %v", cl)
+	}
+	if cl := resp.Statuses[0].CurrentLimit; cl.Unit != rlsv3.RateLimitResponse_RateLimit_MINUTE || cl.UnitMultiplier != nil {
+		t.Errorf("unit minute reported as %v", cl)
+	}
+}
+
+func TestReportedUnit(t *testing.T) {
+	for _, c := range []struct {
+		unit   string
+		window time.Duration
+		want   rlsv3.RateLimitResponse_RateLimit_Unit
+		mult   uint32
+	}{
+		{"minute", time.Minute, rlsv3.RateLimitResponse_RateLimit_MINUTE, 1},
+		{"week", 7 * 24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_WEEK, 1},
+		{"month", 30 * 24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_MONTH, 1},
+		{"year", 365 * 24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_YEAR, 1},
+		{"", time.Second, rlsv3.RateLimitResponse_RateLimit_SECOND, 1},
+		{"", 90 * time.Second, rlsv3.RateLimitResponse_RateLimit_SECOND, 90},
+		{"", 2 * time.Hour, rlsv3.RateLimitResponse_RateLimit_HOUR, 2},
+		{"", 36 * time.Hour, rlsv3.RateLimitResponse_RateLimit_HOUR, 36},
+		{"", 48 * time.Hour, rlsv3.RateLimitResponse_RateLimit_DAY, 2},
+		{"", 1500 * time.Millisecond, rlsv3.RateLimitResponse_RateLimit_SECOND, 2},
+		{"", 200 * time.Millisecond, rlsv3.RateLimitResponse_RateLimit_SECOND, 1},
+	} {
+		l := descriptors.Limit{Unit: c.unit, Limit: limiter.Limit{Requests: 1, Window: c.window}}
+		if u, m := reportedUnit(&l); u != c.want || m != c.mult {
+			t.Errorf("%q %v: %v×%d, want %v×%d", c.unit, c.window, u, m, c.want, c.mult)
+		}
+	}
+}
+
+func TestHeaderModes(t *testing.T) {
+	for _, mode := range []HeaderMode{HeadersIETF, HeadersDraft03, HeadersNone} {
+		t.Run(mode.String(), func(t *testing.T) {
+			e := newEnv(t, testFiles, Options{Headers: mode})
+			cfg := e.svc.cfg.Current()
+			perUser := limitOf(t, cfg, "test", "per_user", "user", "u")
+			slow := limitOf(t, cfg, "test", "slow", "slow", "s")
+			m := newModel(e.clock)
+			e.clock.Set(t0.Add(2500 * time.Millisecond))
+			for i := range 2 {
+				d := m.batch(mreq{"u", perUser.Limit, 1, false}, mreq{"s", slow.Limit, 1, false})
+				resp := e.must(request("test", desc("user", "u"), desc("slow", "s")))
+				// The most restrictive enforced limit: slow (1/10s)
+				// has fewer remaining on the first request and
+				// denies on the second.
+				l, r := slow, d[1]
+				want := map[string]string{}
+				secs := func(d time.Duration) string { return strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10) }
+				switch mode {
+				case HeadersIETF:
+					want["RateLimit-Policy"] = fmt.Sprintf("%q;q=%d;w=%s", l.Name, l.Limit.Requests, secs(l.Limit.Window))
+					want["RateLimit"] = fmt.Sprintf("%q;r=%d;t=%s", l.Name, r.Remaining, secs(r.ResetAfter))
+				case HeadersDraft03:
+					want["X-RateLimit-Limit"] = fmt.Sprintf("%d, %d;w=%s;name=%q", l.Limit.Requests, l.Limit.Requests, secs(l.Limit.Window), l.Name)
+					want["X-RateLimit-Remaining"] = strconv.FormatUint(r.Remaining, 10)
+					want["X-RateLimit-Reset"] = secs(r.ResetAfter)
+				}
+				if !r.Allowed {
+					want["Retry-After"] = secs(r.RetryAfter) // 7.5 s → 8
+					want["Content-Type"] = "application/problem+json"
+				}
+				got := map[string]string{}
+				for _, h := range resp.ResponseHeadersToAdd {
+					if _, dup := got[h.Key]; dup {
+						t.Errorf("header %s twice", h.Key)
+					}
+					got[h.Key] = h.Value
+				}
+				if fmt.Sprint(got) != fmt.Sprint(want) {
+					t.Errorf("request %d: headers\n got %v\nwant %v", i, got, want)
+				}
+				if i == 1 && want["Retry-After"] != "8" {
+					t.Errorf("model: Retry-After %q, the test expects a fraction rounded up to 8", want["Retry-After"])
+				}
+			}
+		})
+	}
+}
+
+func TestRetryAfterRoundsUpAndIsAtLeastOne(t *testing.T) {
+	e := newEnv(t, testFiles, Options{})
+	l := limitOf(t, e.svc.cfg.Current(), "test", "odd_window", "odd", "o")
+	m := newModel(e.clock)
+	// A 1500 ms window entered at 1400 ms: the retry is 100 ms away.
+	e.clock.Set(t0.Add(1400 * time.Millisecond))
+	for i := range 2 {
+		d := m.batch(mreq{"o", l.Limit, 1, false})[0]
+		resp := e.must(request("test", desc("odd", "o")))
+		got, ok := header(resp, "Retry-After")
+		if d.Allowed {
+			if ok {
+				t.Errorf("request %d admitted with Retry-After %s", i, got)
+			}
+			continue
+		}
+		if d.RetryAfter >= time.Second || d.RetryAfter <= 0 {
+			t.Fatalf("model: retry %v, the test needs a sub-second wait", d.RetryAfter)
+		}
+		if got != "1" {
+			t.Errorf("Retry-After %q for a %v wait, want 1", got, d.RetryAfter)
+		}
+		if p, _ := header(resp, "RateLimit-Policy"); p != `"odd_window";q=1;w=2` {
+			t.Errorf("policy for a 1500ms window: %q", p)
+		}
+	}
+}
+
+func TestProblemBody(t *testing.T) {
+	e := newEnv(t, testFiles, Options{})
+	l := limitOf(t, e.svc.cfg.Current(), "test", "slow", "slow", "s")
+	m := newModel(e.clock)
+	e.clock.Set(t0.Add(3 * time.Second))
+	m.batch(mreq{"s", l.Limit, 1, false})
+	e.must(request("test", desc("slow", "s")))
+	if r := e.must(request("test", desc("user", "u"))); r.RawBody != nil {
+		t.Errorf("body on OK: %s", r.RawBody)
+	}
+	d := m.batch(mreq{"s", l.Limit, 1, false})[0]
+	resp := e.must(request("test", desc("slow", "s"), desc("user", "u")))
+	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || d.Allowed {
+		t.Fatalf("overall %v, model allowed=%v", resp.OverallCode, d.Allowed)
+	}
+	var p map[string]any
+	if err := json.Unmarshal(resp.RawBody, &p); err != nil {
+		t.Fatalf("body %q: %v", resp.RawBody, err)
+	}
+	retry := float64((d.RetryAfter + time.Second - 1) / time.Second)
+	for k, want := range map[string]any{
+		"type": "about:blank", "title": "Too Many Requests", "status": 429.0,
+		"limit": "slow", "requests": float64(l.Limit.Requests), "window": l.Limit.Window.String(), "retry_after": retry,
+	} {
+		if p[k] != want {
+			t.Errorf("body %s = %v, want %v", k, p[k], want)
+		}
+	}
+	if detail, _ := p["detail"].(string); !strings.Contains(detail, `"slow"`) || !strings.Contains(detail, "retry after") {
+		t.Errorf("detail %q", detail)
+	}
+	if ct, _ := header(resp, "Content-Type"); ct != "application/problem+json" {
+		t.Errorf("Content-Type %q", ct)
+	}
+	if ra, _ := header(resp, "Retry-After"); ra != strconv.Itoa(int(retry)) {
+		t.Errorf("Retry-After %q, body says %v", ra, retry)
+	}
+}
+
+func TestDynamicMetadata(t *testing.T) {
+	e := newEnv(t, testFiles, Options{})
+	m := newModel(e.clock)
+	cfg := e.svc.cfg.Current()
+	perUser := limitOf(t, cfg, "test", "per_user", "user", "u")
+	slow := limitOf(t, cfg, "test", "slow", "slow", "s")
+	rule := cfg.Match("test", []descriptors.Entry{{Key: "slow", Value: "s"}})
+	for i := range 2 {
+		d := m.batch(mreq{"u", perUser.Limit, 1, false}, mreq{"s", slow.Limit, 1, false})
+		resp := e.must(request("test", desc("user", "u"), desc("slow", "s")))
+		md := resp.DynamicMetadata.GetFields()
+		decision := OutcomeOK
+		if !d[1].Allowed {
+			decision = OutcomeOverLimit
+		}
+		want := map[string]any{
+			"domain": "test", "rule": rule.Name, "rule_id": rule.ID, "limit": "slow",
+			"decision": decision.String(), "source": limiter.SourceStore.String(),
+			"descriptor": 1.0, "remaining": float64(d[1].Remaining),
+		}
+		if len(md) != len(want) {
+			t.Errorf("request %d: metadata %v", i, md)
+		}
+		for k, w := range want {
+			if got := md[k].AsInterface(); got != w {
+				t.Errorf("request %d: metadata %s = %v, want %v", i, k, got, w)
+			}
+		}
+	}
+}
+
+func TestOverallCodeIsNeverUnknown(t *testing.T) {
+	e := newEnv(t, testFiles, Options{})
+	rng := rand.New(rand.NewPCG(1, 2))
+	keys := []string{"user", "tenant", "free", "shadowed", "multi", "odd", "ninety", "slow", "bucket", "nomatch"}
+	for i := range 300 {
+		var ds []*commonv3.RateLimitDescriptor
+		for range 1 + rng.IntN(4) {
+			d := desc(keys[rng.IntN(len(keys))], strconv.Itoa(rng.IntN(3)))
+			if rng.IntN(5) == 0 {
+				d.HitsAddend = wrapperspb.UInt64(uint64(rng.IntN(4)))
+			}
+			ds = append(ds, d)
+		}
+		domain := "test"
+		if rng.IntN(10) == 0 {
+			domain = "elsewhere"
+		}
+		resp := e.must(request(domain, ds...)) // fails on UNKNOWN
+		for j, st := range resp.Statuses {
+			if st.Code == rlsv3.RateLimitResponse_UNKNOWN {
+				t.Fatalf("request %d status %d UNKNOWN", i, j)
+			}
+		}
+		e.clock.Advance(time.Duration(rng.IntN(3000)) * time.Millisecond)
+	}
+}
+
+// failing is a Limiter that cannot decide: the store is down and nothing
+// falls back.
+type failing struct{ err error }
+
+func (f failing) Check(context.Context, []limiter.Request, []limiter.Result) error { return f.err }
+
+func TestLimiterAndConfigErrors(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want codes.Code
+	}{
+		{fmt.Errorf("redis: %w", limiter.ErrUnavailable), codes.Unavailable},
+		{fmt.Errorf("redis: %w", context.DeadlineExceeded), codes.DeadlineExceeded},
+		{errors.New("boom"), codes.Internal},
+	} {
+		e := newEnv(t, testFiles, Options{Limiter: failing{c.err}})
+		if _, err := e.call(request("test", desc("user", "u"))); status.Code(err) != c.want {
+			t.Errorf("limiter error %v: got %v, want %v", c.err, err, c.want)
+		}
+		// Requests that need no limiter call do not fail.
+		if resp := e.must(request("test", desc("free", "x"))); resp.OverallCode != rlsv3.RateLimitResponse_OK {
+			t.Errorf("unlimited: %v", resp)
+		}
+	}
+	e := newEnv(t, nil, Options{Config: staticConfig{nil}})
+	if _, err := e.call(request("test", desc("user", "u"))); status.Code(err) != codes.Unavailable {
+		t.Errorf("no config: %v", err)
+	}
+}
+
+func TestInterceptorSeesRequestsAndInvalidUTF8(t *testing.T) {
+	var seen []string
+	icpt := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		seen = append(seen, req.(*rlsv3.RateLimitRequest).GetDomain())
+		return h(ctx, req)
+	}
+	e := newEnv(t, testFiles, Options{}, grpc.UnaryInterceptor(icpt))
+	e.must(request("test", desc("user", "u")))
+	b, _ := proto.Marshal(request("test", desc("user", "@@")))
+	_, err := e.callRaw(bytes.ReplaceAll(b, []byte("@@"), []byte("\xc3\x28")))
+	if status.Code(err) != codes.InvalidArgument || errMessage(err) != "descriptors[0].entries[0].value: invalid UTF-8" {
+		t.Errorf("invalid UTF-8 through an interceptor: %v", err)
+	}
+	if len(seen) != 2 || seen[0] != "test" {
+		t.Errorf("interceptor saw %q", seen)
+	}
+}
+
+func TestNewAndParseHeaderMode(t *testing.T) {
+	for s, want := range map[string]HeaderMode{"": HeadersIETF, "ietf": HeadersIETF, "draft03": HeadersDraft03, "none": HeadersNone} {
+		if got, err := ParseHeaderMode(s); err != nil || got != want {
+			t.Errorf("ParseHeaderMode(%q) = %v, %v", s, got, err)
+		}
+	}
+	if _, err := ParseHeaderMode("x-ratelimit"); err == nil {
+		t.Error("ParseHeaderMode accepted x-ratelimit")
+	}
+	if _, err := New(Options{Limiter: failing{}}); err == nil {
+		t.Error("New without Config succeeded")
+	}
+	if _, err := New(Options{Config: staticConfig{}}); err == nil {
+		t.Error("New without Limiter succeeded")
+	}
+	if _, err := New(Options{Config: staticConfig{}, Limiter: failing{}, Headers: 7}); err == nil {
+		t.Error("New with header mode 7 succeeded")
+	}
+}
+
+func TestSFString(t *testing.T) {
+	if got := string(appendSFString(nil, "a\"b\\c\x01é")); got != `"a\"b\\c???"` {
+		t.Errorf("appendSFString = %s", got)
+	}
+}
