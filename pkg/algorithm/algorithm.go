@@ -36,8 +36,8 @@ type State struct {
 // Decide applies hits at now (ms since the epoch) to the counter s of limit
 // l and returns the decision and the counter's new state. The new state
 // equals s in meaning when nothing was consumed. l must be valid
-// (l.Validate() == nil). The SlidingLog state may share memory with s; see
-// SlidingLog.Decide.
+// (l.Validate() == nil). Decide never modifies s (the new state may share
+// memory with it), so s may be decided on again.
 func Decide(l limiter.Limit, s State, now int64, hits uint64) (Decision, State) {
 	w := l.Window.Milliseconds()
 	var d Decision

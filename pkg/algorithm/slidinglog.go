@@ -27,11 +27,9 @@ type SlidingLogState struct {
 // Decide applies hits at now to s. Entries that left the window are dropped
 // from the returned state.
 //
-// Decide never modifies the elements of s.Entries, but a consuming Decide
-// appends to it, which may write into its backing array beyond its length:
-// s stays valid, but two states derived from the same s by consuming
-// Decide calls must not both be kept. Chaining (deciding on the state the
-// previous call returned) is always fine.
+// Decide never modifies s: a consuming decision returns a new slice (one
+// allocation), so any earlier state stays valid and may be decided on
+// again. Hits at the instant of the newest entry are merged into it.
 func (a SlidingLog) Decide(s SlidingLogState, now int64, hits uint64) (Decision, SlidingLogState) {
 	c, consume := effectiveHits(hits)
 	cutoff := now - a.Window
@@ -86,15 +84,17 @@ func (s SlidingLogState) expiresAt(w int64) int64 {
 	return last + w
 }
 
-// insert adds e to the sorted log: an append unless the clock went back, in
-// which case it copies (never writing into the elements of log).
+// insert returns a copy of the sorted log with e added (merged into an
+// entry of the same instant).
 func insert(log []LogEntry, e LogEntry) []LogEntry {
 	i := len(log)
 	for i > 0 && log[i-1].At > e.At {
 		i--
 	}
-	if i == len(log) {
-		return append(log, e)
+	if i > 0 && log[i-1].At == e.At {
+		out := append([]LogEntry(nil), log...)
+		out[i-1].N += e.N
+		return out
 	}
 	out := make([]LogEntry, 0, len(log)+1)
 	out = append(out, log[:i]...)

@@ -115,12 +115,16 @@ func (a SlidingWindow) retryAt(b int64, cur, prev uint64, now int64, c uint64) i
 		}
 		return w - int64(r*uint64(w)/pr)
 	}
+	inThis := false
 	if cur+c <= a.Limit {
 		if e := earliest(prev, a.Limit-cur-c); e < w {
-			t = b*w + max(e, 0)
+			t, inThis = b*w+max(e, 0), true
 		}
-	} else if e := earliest(cur, a.Limit-c); e < w {
-		t = (b+1)*w + max(e, 0)
+	}
+	if !inThis {
+		if e := earliest(cur, a.Limit-c); e < w {
+			t = (b+1)*w + max(e, 0)
+		}
 	}
 	t = max(t, now+1)
 	for t > now+1 && a.admits(b, cur, prev, t-1, c) {
