@@ -15,7 +15,7 @@ func TestSelfTestRequestsEndToEnd(t *testing.T) {
 	code := run(context.Background(), []string{
 		"--self-test", "--requests", "300", "--warmup", "0", "--concurrency", "8",
 		"--descriptor", "remote_address=10.0.{i}", "--descriptor", "tenant=t{i%100},user=u{i}",
-		"--cardinality", "1000", "--json",
+		"--cardinality", "1000", "--json", "--timeout", "1m",
 	}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit code %d, stderr:\n%s", code, errb.String())
@@ -47,7 +47,7 @@ func TestCeilingThenTargetTable(t *testing.T) {
 	var out, errb bytes.Buffer
 	code := run(context.Background(), []string{
 		"--addr", target.Addr(), "--ceiling-addr", ceil.Addr(), "--label", "tgt",
-		"--requests", "200", "--warmup", "0", "--rate", "4000", "--cpu", "bench=self",
+		"--requests", "200", "--warmup", "0", "--rate", "4000", "--cpu", "bench=self", "--timeout", "1m",
 	}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit code %d, stderr:\n%s", code, errb.String())
