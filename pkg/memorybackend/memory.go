@@ -23,6 +23,10 @@ type Options struct {
 	// still ignored, but their memory is only reclaimed when they are
 	// written again).
 	SweepInterval time.Duration
+
+	// afterSweep, if set, is called by the sweeper after each sweep with
+	// the number of counters deleted (tests only).
+	afterSweep func(deleted int)
 }
 
 // Backend is an in-process limiter.Limiter. It is safe for concurrent use.
@@ -82,7 +86,7 @@ func New(o Options) *Backend {
 		close(b.done)
 		return b
 	}
-	go b.sweeper(o.SweepInterval)
+	go b.sweeper(o.SweepInterval, o.afterSweep)
 	return b
 }
 
@@ -94,7 +98,7 @@ func (b *Backend) Close() error {
 	return nil
 }
 
-func (b *Backend) sweeper(every time.Duration) {
+func (b *Backend) sweeper(every time.Duration, after func(int)) {
 	defer close(b.done)
 	tick := time.NewTicker(every)
 	defer tick.Stop()
@@ -103,7 +107,10 @@ func (b *Backend) sweeper(every time.Duration) {
 		case <-b.stop:
 			return
 		case <-tick.C:
-			b.sweep(b.now().UnixMilli())
+			n := b.sweep(b.now().UnixMilli())
+			if after != nil {
+				after(n)
+			}
 		}
 	}
 }
