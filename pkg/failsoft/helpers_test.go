@@ -1,0 +1,287 @@
+package failsoft_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/rs/zerolog"
+
+	"github.com/envoy-rls/envoy-rls/internal/testenv"
+	"github.com/envoy-rls/envoy-rls/pkg/algorithm"
+	"github.com/envoy-rls/envoy-rls/pkg/failsoft"
+	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+	"github.com/envoy-rls/envoy-rls/pkg/memorybackend"
+	"github.com/envoy-rls/envoy-rls/pkg/redisbackend"
+)
+
+// recorder is an Observer that keeps every call.
+type recorder struct {
+	mu       sync.Mutex
+	fallback []bool
+	states   []string
+	errs     map[string]int
+}
+
+func newRecorder() *recorder { return &recorder{errs: make(map[string]int)} }
+
+func (r *recorder) FallbackActive(a bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fallback = append(r.fallback, a)
+}
+
+func (r *recorder) BreakerState(s string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.states = append(r.states, s)
+}
+
+func (r *recorder) StoreError(kind string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.errs[kind]++
+}
+
+func (r *recorder) snapshot() (fallback []bool, states []string, errs map[string]int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	errs = make(map[string]int, len(r.errs))
+	for k, v := range r.errs {
+		errs[k] = v
+	}
+	return slices.Clone(r.fallback), slices.Clone(r.states), errs
+}
+
+// sawState reports whether the breaker reported state s.
+func (r *recorder) sawState(s string) bool {
+	_, states, _ := r.snapshot()
+	return slices.Contains(states, s)
+}
+
+// logs is a slog.Handler that keeps every record's message and also writes it
+// to the test log.
+type logs struct {
+	t    testing.TB
+	mu   *sync.Mutex
+	msgs *[]string
+	attr []slog.Attr
+}
+
+func newLogs(t testing.TB) (*slog.Logger, *logs) {
+	h := &logs{t: t, mu: new(sync.Mutex), msgs: new([]string)}
+	return slog.New(h), h
+}
+
+func (h *logs) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *logs) Handle(_ context.Context, r slog.Record) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s", r.Level, r.Message)
+	for _, a := range h.attr {
+		fmt.Fprintf(&b, " %s", a)
+	}
+	r.Attrs(func(a slog.Attr) bool { fmt.Fprintf(&b, " %s", a); return true })
+	h.mu.Lock()
+	*h.msgs = append(*h.msgs, r.Message)
+	h.mu.Unlock()
+	h.t.Log(b.String())
+	return nil
+}
+
+func (h *logs) WithAttrs(as []slog.Attr) slog.Handler {
+	c := *h
+	c.attr = append(slices.Clone(h.attr), as...)
+	return &c
+}
+
+func (h *logs) WithGroup(string) slog.Handler { return h }
+
+// count returns how often msg was logged.
+func (h *logs) count(msg string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, m := range *h.msgs {
+		if m == msg {
+			n++
+		}
+	}
+	return n
+}
+
+// model is the reference of the batch semantics for the fallback limiter:
+// pkg/algorithm applied as the package documentation of pkg/limiter says,
+// written plainly. forceDeny decides the batch as denied whatever the
+// requests' own decisions (a deny-mode request vetoed it). Not safe for
+// concurrent use.
+type model struct {
+	states map[string]algorithm.State
+}
+
+func newModel() *model { return &model{states: make(map[string]algorithm.State)} }
+
+func modelID(r limiter.Request) string {
+	return fmt.Sprintf("%q/%v/%v", r.Key, r.Limit.Algorithm, r.Limit.Window)
+}
+
+func (m *model) check(now int64, reqs []limiter.Request, forceDeny bool) []limiter.Result {
+	res := make([]limiter.Result, len(reqs))
+	tent := make(map[string]algorithm.State)
+	ok := !forceDeny
+	for i, r := range reqs {
+		id := modelID(r)
+		s, seen := tent[id]
+		if !seen {
+			s = m.states[id]
+		}
+		d, ns := algorithm.Decide(r.Limit, s, now, r.Hits)
+		res[i] = limiter.Result{Allowed: d.Allowed, Remaining: d.Remaining, ResetAfter: d.ResetAfter,
+			RetryAfter: d.RetryAfter, Source: limiter.SourceFallback}
+		if d.Allowed && r.Hits > 0 {
+			tent[id] = ns
+		} else {
+			tent[id] = s
+		}
+		if !d.Allowed && !r.Shadow {
+			ok = false
+		}
+	}
+	if ok {
+		for id, s := range tent {
+			m.states[id] = s
+		}
+		return res
+	}
+	for i, r := range reqs {
+		d, _ := algorithm.Decide(r.Limit, m.states[modelID(r)], now, 0)
+		res[i].Remaining, res[i].ResetAfter = d.Remaining, d.ResetAfter
+	}
+	return res
+}
+
+// newRedisBackend returns a redisbackend on addr, closed when the test ends.
+func newRedisBackend(t testing.TB, o redisbackend.Options) *redisbackend.Backend {
+	t.Helper()
+	b, err := redisbackend.New(o)
+	if err != nil {
+		t.Fatalf("redisbackend.New: %v", err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+// newMemory returns a memory backend without a sweeper, closed when the test
+// ends.
+func newMemory(t testing.TB, now func() time.Time) *memorybackend.Backend {
+	t.Helper()
+	b := memorybackend.New(memorybackend.Options{Now: now, SweepInterval: -1})
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+func newFailsoft(t testing.TB, o failsoft.Options) *failsoft.Limiter {
+	t.Helper()
+	l, err := failsoft.New(o)
+	if err != nil {
+		t.Fatalf("failsoft.New: %v", err)
+	}
+	return l
+}
+
+// proxy is an in-process toxiproxy proxy in front of one upstream.
+type proxy struct {
+	p    *toxiproxy.Proxy
+	Addr string
+}
+
+func newProxy(t testing.TB, upstream string) *proxy {
+	t.Helper()
+	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
+	p := toxiproxy.NewProxy(srv, "redis", "127.0.0.1:0", upstream)
+	if err := p.Start(); err != nil {
+		t.Fatalf("toxiproxy: start proxy to %s: %v", upstream, err)
+	}
+	t.Cleanup(p.Stop)
+	return &proxy{p: p, Addr: p.Listen}
+}
+
+// add adds a toxic of type typ on stream ("upstream" or "downstream").
+func (p *proxy) add(t testing.TB, typ, stream string, attrs map[string]any) {
+	t.Helper()
+	body, err := json.Marshal(map[string]any{"name": typ, "type": typ, "stream": stream, "attributes": attrs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.p.Toxics.AddToxicJson(strings.NewReader(string(body))); err != nil {
+		t.Fatalf("toxiproxy: add %s toxic: %v", typ, err)
+	}
+}
+
+func (p *proxy) remove(t testing.TB, typ string) {
+	t.Helper()
+	if err := p.p.Toxics.RemoveToxic(context.Background(), typ); err != nil {
+		t.Fatalf("toxiproxy: remove %s toxic: %v", typ, err)
+	}
+}
+
+// settleGoroutines waits (bounded) until at most base goroutines run and
+// fails the test with a dump otherwise.
+func settleGoroutines(t testing.TB, base int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n := runtime.NumGoroutine()
+		if n <= base {
+			return
+		}
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			buf = buf[:runtime.Stack(buf, true)]
+			t.Fatalf("goroutine leak: %d running, %d before\n%s", n, base, buf)
+		}
+		time.Sleep(10 * time.Millisecond) // polling interval of a bounded wait, not synchronisation
+	}
+}
+
+// clientCount returns the number of client connections Redis at r reports,
+// without the test's own.
+func clientCount(t testing.TB, r *testenv.Redis) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	list, err := r.Client().ClientList(ctx).Result()
+	if err != nil {
+		t.Fatalf("CLIENT LIST on %s: %v", r.Addr, err)
+	}
+	n := 0
+	for _, line := range strings.Split(strings.TrimSpace(list), "\n") {
+		if line != "" {
+			n++
+		}
+	}
+	return n - 1
+}
+
+// poll calls f every 10ms until it returns true or d passes; it reports
+// whether f returned true.
+func poll(d time.Duration, f func() bool) bool {
+	deadline := time.Now().Add(d)
+	for {
+		if f() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond) // polling interval of a bounded wait
+	}
+}
