@@ -90,17 +90,35 @@ func newDomainBuild(name string, pos Position) *domainBuild {
 
 // compiler turns files into a Config, collecting every error.
 type compiler struct {
-	opts     Options
-	errs     ErrorList
-	domains  map[string]*domainBuild
-	order    []*domainBuild
-	nodes    int
-	tooMany  bool
-	fileName string
+	opts      Options
+	errs      ErrorList
+	domains   map[string]*domainBuild
+	order     []*domainBuild
+	nodes     int
+	tooMany   bool
+	pairCount int
+	seenErr   map[Error]bool
+	fileName  string
 }
 
+// maxErrors bounds the errors of one load; more are summarized.
+const maxErrors = 1000
+
 func (c *compiler) errorf(pos Position, format string, args ...any) {
-	c.errs = append(c.errs, &Error{Pos: pos, Msg: fmt.Sprintf(format, args...)})
+	e := &Error{Pos: pos, Msg: fmt.Sprintf(format, args...)}
+	if c.seenErr == nil {
+		c.seenErr = map[Error]bool{}
+	}
+	if c.seenErr[*e] { // aliases repeat nodes, and their errors
+		return
+	}
+	c.seenErr[*e] = true
+	switch {
+	case len(c.errs) < maxErrors:
+		c.errs = append(c.errs, e)
+	case len(c.errs) == maxErrors:
+		c.errs = append(c.errs, &Error{Pos: pos, Msg: fmt.Sprintf("too many errors (more than %d); stopping", maxErrors)})
+	}
 }
 
 // compile parses, validates and compiles files (in order) into a Config.
@@ -215,17 +233,29 @@ type pair struct {
 	k, v *yaml.Node // v is resolved
 }
 
+// maxPairs bounds the mapping keys one load may visit, so that merge keys
+// and aliases cannot make the work grow exponentially with the input.
+const maxPairs = 2_000_000
+
 // pairs returns the keys of mapping n in order, expanding YAML merge keys
 // (explicit keys win over merged ones) and reporting non-string and
 // duplicate keys.
-func (c *compiler) pairs(n *yaml.Node) []pair {
+func (c *compiler) pairs(n *yaml.Node) []pair { return c.pairsAt(n, 0) }
+
+func (c *compiler) pairsAt(n *yaml.Node, depth int) []pair {
 	var out []pair
 	seen := map[string]*yaml.Node{}
 	var merged []pair
 	for i := 0; i+1 < len(n.Content); i += 2 {
+		if c.pairCount++; c.pairCount > maxPairs {
+			if c.pairCount == maxPairs+1 {
+				c.errorf(c.pos(n), "the file expands to more than %d mapping keys (aliases or merge keys)", maxPairs)
+			}
+			return out
+		}
 		k, v := n.Content[i], resolve(n.Content[i+1])
 		if k.Kind == yaml.ScalarNode && k.ShortTag() == "!!merge" {
-			merged = append(merged, c.mergeSource(v, 0)...)
+			merged = append(merged, c.mergeSource(v, depth)...)
 			continue
 		}
 		if k = resolve(k); k.Kind != yaml.ScalarNode {
@@ -250,17 +280,21 @@ func (c *compiler) pairs(n *yaml.Node) []pair {
 
 // mergeSource returns the pairs a merge key's value contributes.
 func (c *compiler) mergeSource(v *yaml.Node, depth int) []pair {
-	if depth > 8 {
-		c.errorf(c.pos(v), "merge keys (<<) nested too deeply")
+	if depth >= 4 {
+		c.errorf(c.pos(v), "merge keys (<<) nest more than 4 deep")
 		return nil
 	}
 	switch v.Kind {
 	case yaml.MappingNode:
-		return c.pairs(v)
+		return c.pairsAt(v, depth+1)
 	case yaml.SequenceNode:
 		var out []pair
 		for _, e := range v.Content {
-			out = append(out, c.mergeSource(resolve(e), depth+1)...)
+			if e = resolve(e); e.Kind != yaml.MappingNode {
+				c.errorf(c.pos(e), "a merge key (<<) needs a mapping or a list of mappings, got %s", kindName(e))
+				continue
+			}
+			out = append(out, c.pairsAt(e, depth+1)...)
 		}
 		return out
 	}
@@ -414,6 +448,7 @@ func (c *compiler) descriptors(n *yaml.Node, d *domainBuild, lvl *level, prefix 
 		return
 	}
 	if depth > MaxDepth {
+		c.nodes++ // aliases can make this point recur exponentially often
 		c.errorf(c.pos(n), "descriptors nest deeper than %d levels", MaxDepth)
 		return
 	}
