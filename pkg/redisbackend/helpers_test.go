@@ -35,11 +35,7 @@ func newSingle(t testing.TB, r *testenv.Redis, prefix string, now func() time.Ti
 // newClustered returns a Backend on the Cluster c, closed when the test ends.
 func newClustered(t testing.TB, c *testenv.Cluster, prefix string, now func() time.Time) *Backend {
 	t.Helper()
-	var addrs []string
-	for _, n := range c.Nodes() {
-		addrs = append(addrs, n.Addr)
-	}
-	b, err := New(Options{ClusterAddrs: addrs, KeyPrefix: prefix, Now: now, Timeout: testTimeout})
+	b, err := New(Options{ClusterAddrs: c.Addrs, KeyPrefix: prefix, Now: now, Timeout: testTimeout})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

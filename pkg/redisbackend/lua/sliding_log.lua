@@ -3,8 +3,9 @@
 -- lib.lua).
 --
 -- Storage: <base>:log is a sorted set with one member per admitted hit, score
--- = the hit's time in ms, member = "<time>:<seq>" (seq makes members unique;
--- ZADD NX retries with the next seq on a clash). Hits at or before now−W are
+-- = the hit's time in ms, member = "<time>:<seq>" with seq a zero-padded
+-- 10-digit counter of the hits at that time (one more than the highest present,
+-- so members are unique; ZADD NX retries with the next seq should one clash). Hits at or before now−W are
 -- trimmed when the set is written; the key expires W after its newest hit.
 -- KEYS, ARGV: none of its own; the driver passes the key base <prefix>{<id>}.
 -- State table: {n = stored hits later than now−W, added = tentative hits of
@@ -67,14 +68,20 @@ function sliding_log.store(base, w, s, now)
   local key = s.key
   redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt_int(now - w))
   local todo = s.added
-  local seq = redis.call('ZCARD', key)
   local t = fmt_int(now)
+  -- Next seq: one more than the highest member at score now (members of
+  -- equal score sort by name, and seq is zero-padded, so that is the last).
+  local seq = 0
+  local last = redis.call('ZRANGE', key, t, t, 'BYSCORE', 'REV', 'LIMIT', '0', '1')
+  if last[1] then
+    seq = (tonumber(string.match(last[1], ':(%d+)$')) or 0) + 1
+  end
   while todo > 0 do
     local chunk = math.min(todo, 1000)
     local args = {}
     for i = 1, chunk do
       args[2 * i - 1] = t
-      args[2 * i] = t .. ':' .. fmt_int(seq)
+      args[2 * i] = t .. ':' .. string.format('%010.0f', seq)
       seq = seq + 1
     end
     todo = todo - redis.call('ZADD', key, 'NX', unpack(args))
