@@ -31,6 +31,25 @@
 //     nothing; a Check with an already cancelled context returns an error
 //     wrapping context.Canceled and consumes nothing.
 //
-// The token bucket is decided in exact integer arithmetic; see
-// algorithm.TokenBucket for the formulas a Lua script must reproduce.
+// Numbers a Redis script must reproduce (see pkg/algorithm for each
+// algorithm's doc comment):
+//   - sliding_window: pw = ceil(prev*(W−elapsed)/W) in doubles, as in
+//     COMMON.md; RetryAfter is the smallest d ≥ 1 at which the predicate
+//     admits (with the counts unchanged; it may fall in the next bucket).
+//   - token_bucket: exact integer GCRA in ticks of 1/L ms, not the float64
+//     tat of COMMON.md (which refuses a full burst on an empty bucket in
+//     about a quarter of cases at a Unix-ms clock). Store At (ms), Debt
+//     (ticks after At) and Per (the L the debt was counted in; rescale with
+//     ceil(Debt·L/Per) when L changed). rel = max(0, Debt − (now−At)·L);
+//     admit iff rel + c·W ≤ B·W; Remaining = floor((B·W − rel)/W);
+//     ResetAfter = ceil(rel/L) ms; RetryAfter = ceil((rel + c·W − B·W)/L) ms;
+//     expire the key after ceil(rel/L) ms.
+//   - sliding_log: entries with time ≤ now−W are gone; RetryAfter = t_k +
+//     W − now for the (n+c−L)-th oldest hit.
+//   - hits greater than the capacity: denied, RetryAfter = W, nothing
+//     consumed, Remaining/ResetAfter as for hits 0.
+//
+// Hammer checks concurrency: several instances on one store, many
+// goroutines, one instant per round, admitted count compared exactly with
+// the model.
 package limitertest
