@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"regexp"
 	"slices"
@@ -85,8 +84,8 @@ func clusterAddress(cl *clusterv3.Cluster) (host string, port uint32, err error)
 // fields are errors), validates it and every typed_config inside it with the
 // protoc-gen-validate rules, and checks that it is consistent: every cluster
 // a route or a gRPC service names exists, every gRPC cluster speaks HTTP/2,
-// and every loopback endpoint of a static cluster is a listener of this
-// bootstrap. It returns every problem found, each naming path.
+// and there is a rate-limit filter talking v3 to a cluster. It returns every
+// problem found, each naming path.
 func loadEnvoyConfig(path string) (*envoyConfig, error) {
 	src, err := os.ReadFile(path)
 	if err != nil {
@@ -157,7 +156,6 @@ func loadEnvoyConfig(path string) (*envoyConfig, error) {
 			errs = append(errs, fmt.Errorf("%s: the ratelimit filter's rate_limit_service.transport_api_version must be V3", path))
 		}
 	}
-	errs = append(errs, checkLoopbackClusters(path, bs)...)
 	if err := errors.Join(errs...); err != nil {
 		return cfg, err
 	}
@@ -180,31 +178,6 @@ func requireHTTP2(cl *clusterv3.Cluster) error {
 		return fmt.Errorf("cluster %q carries gRPC but does not speak HTTP/2: its HttpProtocolOptions need explicit_http_config.http2_protocol_options (auto_config falls back to HTTP/1.1 without TLS)", cl.GetName())
 	}
 	return nil
-}
-
-// checkLoopbackClusters reports static clusters whose loopback endpoints are
-// not listeners of the same bootstrap (the demo upstream lives in Envoy).
-func checkLoopbackClusters(path string, bs *bootstrapv3.Bootstrap) []error {
-	listening := map[uint32]bool{}
-	for _, l := range bs.GetStaticResources().GetListeners() {
-		listening[l.GetAddress().GetSocketAddress().GetPortValue()] = true
-	}
-	var errs []error
-	for _, cl := range bs.GetStaticResources().GetClusters() {
-		if cl.GetType() != clusterv3.Cluster_STATIC {
-			continue
-		}
-		for _, le := range cl.GetLoadAssignment().GetEndpoints() {
-			for _, lb := range le.GetLbEndpoints() {
-				sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
-				ip := net.ParseIP(sa.GetAddress())
-				if ip != nil && ip.IsLoopback() && !listening[sa.GetPortValue()] {
-					errs = append(errs, fmt.Errorf("%s: cluster %q points at %s:%d, which is no listener of this Envoy", path, cl.GetName(), sa.GetAddress(), sa.GetPortValue()))
-				}
-			}
-		}
-	}
-	return errs
 }
 
 // walkMessages calls visit for m and every message below it, unpacking

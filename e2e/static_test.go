@@ -9,6 +9,7 @@ import (
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 
@@ -108,6 +109,21 @@ func TestEnvoyConfigDecodesStrictlyAndValidates(t *testing.T) {
 	}
 	if err := requireHTTP2(cl); err != nil {
 		t.Error(err)
+	}
+
+	// The demo upstream is Envoy's own "backend" listener.
+	host, port, err = clusterAddress(cfg.Cluster("backend"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var backend *listenerv3.Listener
+	for _, l := range bs.GetStaticResources().GetListeners() {
+		if l.GetName() == "backend" {
+			backend = l
+		}
+	}
+	if sa := backend.GetAddress().GetSocketAddress(); sa.GetAddress() != host || sa.GetPortValue() != port {
+		t.Errorf("cluster backend points at %s:%d, but listener backend is %s:%d", host, port, sa.GetAddress(), sa.GetPortValue())
 	}
 }
 

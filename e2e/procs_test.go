@@ -1,0 +1,300 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/envoy-rls/envoy-rls/internal/testenv"
+)
+
+const (
+	// readyTimeout bounds how long a started process may take to become
+	// ready. The machines are shared and slow; a healthy start takes well
+	// under a second.
+	readyTimeout = 60 * time.Second
+	// stopTimeout bounds a graceful stop before SIGKILL.
+	stopTimeout = 20 * time.Second
+	// pollInterval is the pause between two readiness probes.
+	pollInterval = 20 * time.Millisecond
+	// logTail is how much of a process log a failing test prints.
+	logTail = 16 << 10
+)
+
+// proc is one child process whose output goes to a log file; it is stopped
+// (SIGTERM, then SIGKILL) when the test ends and its log is printed when the
+// test failed.
+type proc struct {
+	t    testing.TB
+	name string
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{} // closed when cmd.Wait returned
+	err  error         // cmd.Wait's result, valid after done
+}
+
+func startProc(t testing.TB, name string, args ...string) *proc {
+	t.Helper()
+	logPath := filepath.Join(t.TempDir(), name+".log")
+	lf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stdout, cmd.Stderr = lf, lf
+	if err := cmd.Start(); err != nil {
+		lf.Close()
+		t.Fatalf("start %s: %v", name, err)
+	}
+	p := &proc{t: t, name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		lf.Close()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		p.Stop()
+		if t.Failed() {
+			t.Logf("%s log (%s):\n%s", name, filepath.Base(logPath), p.Log())
+		}
+	})
+	return p
+}
+
+// Stop sends SIGTERM and waits for the exit, escalating to SIGKILL.
+func (p *proc) Stop() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(stopTimeout):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// Log returns the end of the process log.
+func (p *proc) Log() string {
+	b, err := os.ReadFile(p.log)
+	if err != nil {
+		return err.Error()
+	}
+	if len(b) > logTail {
+		b = b[len(b)-logTail:]
+	}
+	return string(b)
+}
+
+// waitHTTP polls url until it answers 200, the process exits or the deadline
+// passes; it fails the test in the last two cases.
+func (p *proc) waitHTTP(url string) {
+	p.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	tick := time.NewTicker(pollInterval)
+	defer tick.Stop()
+	var last error
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+			err = fmt.Errorf("status %s", resp.Status)
+		}
+		last = err
+		select {
+		case <-p.done:
+			p.t.Fatalf("%s exited before %s answered (%v):\n%s", p.name, url, p.err, p.Log())
+		case <-ctx.Done():
+			p.t.Fatalf("%s: %s not ready after %v: %v\n%s", p.name, url, readyTimeout, last, p.Log())
+		case <-tick.C:
+		}
+	}
+}
+
+// rls is a running envoy-rls.
+type rls struct {
+	*proc
+	GRPCAddr, HTTPAddr string
+}
+
+// rlsOptions configures startRLS.
+type rlsOptions struct {
+	// ConfigDir is the descriptor folder (default: e2e/testdata/config).
+	ConfigDir string
+	// Redis is the Redis address (host:port); empty runs in memory.
+	Redis string
+	// Args are extra flags.
+	Args []string
+}
+
+// startRLS starts envoy-rls on free loopback ports and waits for /readyz.
+func startRLS(t testing.TB, o rlsOptions) *rls {
+	t.Helper()
+	if o.ConfigDir == "" {
+		o.ConfigDir = filepath.Join(repoRoot(t), "e2e", "testdata", "config")
+	}
+	r := &rls{GRPCAddr: testenv.FreeAddr(t), HTTPAddr: testenv.FreeAddr(t)}
+	args := []string{envoyRLSBinary(t), "serve",
+		"--config.dir", o.ConfigDir,
+		"--grpc.addr", r.GRPCAddr,
+		"--http.addr", r.HTTPAddr,
+		"--debug.addr", testenv.FreeAddr(t),
+	}
+	if o.Redis != "" {
+		args = append(args, "--redis.url", "redis://"+o.Redis)
+	}
+	args = append(args, o.Args...)
+	r.proc = startProc(t, "envoy-rls", args...)
+	r.waitHTTP("http://" + r.HTTPAddr + "/readyz")
+	return r
+}
+
+// envoy is a running Envoy with the shipped envoy.yaml, rewritten to loopback
+// ports.
+type envoy struct {
+	*proc
+	// URL is the edge listener ("http://127.0.0.1:<port>"), Admin the admin
+	// API.
+	URL, Admin string
+}
+
+// startEnvoy runs the shipped envoy/envoy.yaml with its listeners, admin and
+// the envoy_rls cluster moved to loopback ports (the cluster to
+// rlsGRPCAddr), and waits until the admin API reports it ready.
+func startEnvoy(t testing.TB, rlsGRPCAddr string) *envoy {
+	t.Helper()
+	edge, backend, admin := testenv.FreePort(t), testenv.FreePort(t), testenv.FreePort(t)
+	host, port, err := net.SplitHostPort(rlsGRPCAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rlsPort, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "envoy.yaml")
+	if err := rewriteEnvoyConfig(envoyYAML(t), path, envoyPorts{
+		Admin: admin, Edge: edge, Backend: backend, RLSHost: host, RLSPort: rlsPort,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// The rewritten file must still pass the static checks.
+	if _, err := loadEnvoyConfig(path); err != nil {
+		t.Fatalf("rewritten envoy.yaml: %v", err)
+	}
+	e := &envoy{
+		URL:   fmt.Sprintf("http://127.0.0.1:%d", edge),
+		Admin: fmt.Sprintf("http://127.0.0.1:%d", admin),
+	}
+	e.proc = startProc(t, "envoy", testenv.EnvoyBinary(t), "-c", path,
+		"--use-dynamic-base-id", "--concurrency", "1", "-l", "warning")
+	e.waitHTTP(e.Admin + "/ready")
+	return e
+}
+
+// envoyPorts are the loopback addresses rewriteEnvoyConfig sets.
+type envoyPorts struct {
+	Admin, Edge, Backend int
+	RLSHost              string
+	RLSPort              int
+}
+
+// rewriteEnvoyConfig decodes the Envoy YAML at src, moves admin, the edge and
+// backend listeners, the backend cluster and the envoy_rls cluster (made
+// STATIC) to the given loopback addresses, and writes the result to dst.
+func rewriteEnvoyConfig(src, dst string, p envoyPorts) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	var doc map[string]any
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		return fmt.Errorf("%s: %w", src, err)
+	}
+	sock := func(addr string, port int) map[string]any {
+		return map[string]any{"socket_address": map[string]any{"address": addr, "port_value": port}}
+	}
+	admin, ok := doc["admin"].(map[string]any)
+	if !ok {
+		return errors.New("no admin")
+	}
+	admin["address"] = sock("127.0.0.1", p.Admin)
+
+	res, _ := doc["static_resources"].(map[string]any)
+	listeners, err := byName(res, "listeners")
+	if err != nil {
+		return err
+	}
+	clusters, err := byName(res, "clusters")
+	if err != nil {
+		return err
+	}
+	for name, port := range map[string]int{"edge": p.Edge, "backend": p.Backend} {
+		l, ok := listeners[name]
+		if !ok {
+			return fmt.Errorf("no listener %q", name)
+		}
+		l["address"] = sock("127.0.0.1", port)
+	}
+	for name, addr := range map[string]map[string]any{
+		"backend":   sock("127.0.0.1", p.Backend),
+		"envoy_rls": sock(p.RLSHost, p.RLSPort),
+	} {
+		c, ok := clusters[name]
+		if !ok {
+			return fmt.Errorf("no cluster %q", name)
+		}
+		c["type"] = "STATIC"
+		delete(c, "dns_lookup_family")
+		c["load_assignment"] = map[string]any{
+			"cluster_name": name,
+			"endpoints": []any{map[string]any{
+				"lb_endpoints": []any{map[string]any{"endpoint": map[string]any{"address": addr}}},
+			}},
+		}
+	}
+	out, err := yaml.Marshal(doc)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, out, 0o644)
+}
+
+// byName indexes the list res[field] of mappings by their "name".
+func byName(res map[string]any, field string) (map[string]map[string]any, error) {
+	list, ok := res[field].([]any)
+	if !ok {
+		return nil, fmt.Errorf("static_resources.%s is not a list", field)
+	}
+	out := map[string]map[string]any{}
+	for _, e := range list {
+		m, ok := e.(map[string]any)
+		if !ok {
+			return nil, fmt.Errorf("static_resources.%s has a non-mapping entry", field)
+		}
+		name, _ := m["name"].(string)
+		out[name] = m
+	}
+	return out, nil
+}
