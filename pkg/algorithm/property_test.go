@@ -380,7 +380,7 @@ func TestBoundaryBurst(t *testing.T) {
 // design refused it in about a quarter of cases).
 func TestTokenBucketFullBurstAtRealClock(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
-	for range 5000 {
+	for range 1000 {
 		l := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 1 + rng.Uint64N(1000), Burst: 1 + rng.Uint64N(1000),
 			Window: time.Duration(1+rng.Int64N(3_600_000)) * time.Millisecond}
 		now := base + rng.Int64N(1e11)
