@@ -1,0 +1,151 @@
+package redisbackend
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/envoy-rls/envoy-rls/internal/testenv"
+	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+)
+
+func baseKey(prefix string, r limiter.Request) string {
+	return string(appendBaseKey(nil, prefix, &r))
+}
+
+// TestKeysDistinct: the collision cases of envoyproxy/ratelimit (which joins
+// entries with "_") and values holding the characters that mean something in
+// a Redis key ({, }, :, _) give distinct keys; the window and the algorithm
+// are part of the identity, the limit and the burst are not.
+func TestKeysDistinct(t *testing.T) {
+	lim := limiter.Limit{Requests: 10, Window: time.Minute}
+	keys := map[string][]string{}
+	add := func(name string, r limiter.Request) {
+		k := baseKey(DefaultKeyPrefix, r)
+		keys[k] = append(keys[k], name)
+	}
+	for _, c := range []struct {
+		name  string
+		parts []string
+	}{
+		{"joined value", []string{"edge", "rule", "user", "bob_path_/pay"}},
+		{"two entries", []string{"edge", "rule", "user", "bob", "path", "/pay"}},
+		{"key with underscore", []string{"edge", "rule", "user_bob", "path_/pay"}},
+		{"brace value", []string{"edge", "rule", "user", "{bob}"}},
+		{"brace split", []string{"edge", "rule", "user", "{bob", "}", ""}},
+		{"colon value", []string{"edge", "rule", "user", "bob:1"}},
+		{"colon split", []string{"edge", "rule", "user", "bob", "1", ""}},
+		{"domain shift", []string{"edgerule", "", "user", "bob"}},
+		{"empty value", []string{"edge", "rule", "user", ""}},
+	} {
+		add(c.name, limiter.Request{Key: key(c.parts...), Limit: lim})
+	}
+	k := key("edge", "rule", "user", "bob")
+	add("sliding 1m", limiter.Request{Key: k, Limit: lim})
+	add("sliding 2m", limiter.Request{Key: k, Limit: limiter.Limit{Requests: 10, Window: 2 * time.Minute}})
+	add("fixed 1m", limiter.Request{Key: k, Limit: limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 10, Window: time.Minute}})
+	add("token 1m", limiter.Request{Key: k, Limit: limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 10, Window: time.Minute}})
+	add("log 1m", limiter.Request{Key: k, Limit: limiter.Limit{Algorithm: limiter.SlidingLog, Requests: 10, Window: time.Minute}})
+	for k, names := range keys {
+		if len(names) > 1 {
+			t.Errorf("key %s shared by %v", k, names)
+		}
+	}
+
+	same := []limiter.Request{
+		{Key: k, Limit: lim},
+		{Key: k, Limit: limiter.Limit{Requests: 99, Window: time.Minute, Burst: 7}, Hits: 3, Shadow: true},
+	}
+	if a, b := baseKey("rls:", same[0]), baseKey("rls:", same[1]); a != b {
+		t.Errorf("the limit and burst must not change the counter: %s vs %s", a, b)
+	}
+	if got := baseKey("x:", same[0]); !regexp.MustCompile(`^x:\{[A-Za-z0-9_-]{22}\}$`).MatchString(got) {
+		t.Errorf("base key %q does not match the documented format", got)
+	}
+}
+
+// TestSlotMatchesClusterKeyslot compares slot with CLUSTER KEYSLOT.
+func TestSlotMatchesClusterKeyslot(t *testing.T) {
+	r := testenv.RedisServer(t, testenv.WithArgs("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"))
+	ctx := context.Background()
+	c := r.Client()
+	cases := []string{"", "a", "foo", "123456789", "{}", "{a}", "{a}{b}", "foo{}{bar}", "foo{{bar}}zap", "{user1000}.following",
+		"rls:{AAAAAAAAAAAAAAAAAAAAAA}:17", "\x00\xff{\x80}"}
+	for i := 0; i < 200; i++ {
+		cases = append(cases, baseKey("rls:", limiter.Request{Key: key("d", fmt.Sprint(i)), Limit: limiter.Limit{Requests: 1, Window: time.Second}}))
+	}
+	for _, k := range cases {
+		want, err := c.ClusterKeySlot(ctx, k).Result()
+		if err != nil {
+			t.Fatalf("CLUSTER KEYSLOT %q: %v", k, err)
+		}
+		if got := slot(k); int64(got) != want {
+			t.Errorf("slot(%q) = %d, CLUSTER KEYSLOT = %d", k, got, want)
+		}
+	}
+}
+
+// TestScanShowsOnlyDocumentedKeys sends traffic with hostile values through
+// every algorithm and a heartbeat, then SCANs Redis: every key matches the
+// documented pattern and none contains a descriptor value.
+func TestScanShowsOnlyDocumentedKeys(t *testing.T) {
+	r := testenv.RedisServer(t)
+	b := newSingle(t, r, DefaultKeyPrefix, nil)
+	ctx := context.Background()
+	values := []string{"bob_path_/pay", "{evil}", "ta}g{", "a:b:c", "späť", "secret-value.example"}
+	var reqs []limiter.Request
+	for _, alg := range []limiter.Algorithm{limiter.SlidingWindow, limiter.FixedWindow, limiter.TokenBucket, limiter.SlidingLog} {
+		for _, v := range values {
+			reqs = append(reqs, limiter.Request{Key: key("edge", "rule", "user", v), Limit: limiter.Limit{Algorithm: alg, Requests: 100, Window: time.Minute}, Hits: 2})
+		}
+	}
+	res := make([]limiter.Result, len(reqs))
+	if err := b.Check(ctx, reqs, res); err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	for i, x := range res {
+		if !x.Allowed {
+			t.Fatalf("request %d denied: %+v", i, x)
+		}
+	}
+	if _, err := b.Beat(ctx, "instance-{1}", time.Minute); err != nil {
+		t.Fatalf("Beat: %v", err)
+	}
+	pattern := regexp.MustCompile(`^rls:(\{[A-Za-z0-9_-]{22}\}:(tb|log|[0-9]+)|instances)$`)
+	keys, err := r.Client().Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatalf("KEYS: %v", err)
+	}
+	var scanned []string
+	iter := r.Client().Scan(ctx, 0, "*", 100).Iterator()
+	for iter.Next(ctx) {
+		scanned = append(scanned, iter.Val())
+	}
+	if err := iter.Err(); err != nil {
+		t.Fatalf("SCAN: %v", err)
+	}
+	if len(scanned) != len(keys) {
+		t.Fatalf("SCAN found %d keys, KEYS %d", len(scanned), len(keys))
+	}
+	// 6 values × (sliding, fixed, token, log) + instances.
+	if want := len(values)*4 + 1; len(scanned) != want {
+		t.Errorf("found %d keys, want %d: %v", len(scanned), want, scanned)
+	}
+	for _, k := range scanned {
+		if !pattern.MatchString(k) {
+			t.Errorf("key %q does not match %v", k, pattern)
+		}
+		for _, v := range values {
+			if strings.Contains(k, v) {
+				t.Errorf("key %q contains the descriptor value %q", k, v)
+			}
+		}
+		ttl, err := r.Client().PTTL(ctx, k).Result()
+		if err != nil || ttl <= 0 {
+			t.Errorf("key %q has no expiry (PTTL %v, %v)", k, ttl, err)
+		}
+	}
+}

@@ -1,0 +1,132 @@
+package redisbackend
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/envoy-rls/envoy-rls/internal/testenv"
+	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+	"github.com/redis/go-redis/v9"
+)
+
+// commandCounter is a go-redis hook that counts the commands a client sends.
+type commandCounter struct {
+	mu    sync.Mutex
+	names map[string]int
+}
+
+func (c *commandCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *commandCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.mu.Lock()
+		c.names[cmd.Name()]++
+		c.mu.Unlock()
+		return next(ctx, cmd)
+	}
+}
+
+func (c *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.mu.Lock()
+		for _, cmd := range cmds {
+			c.names[cmd.Name()]++
+		}
+		c.mu.Unlock()
+		return next(ctx, cmds)
+	}
+}
+
+// commandStats parses INFO commandstats into command → calls.
+func commandStats(t *testing.T, c *redis.Client) map[string]int {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatalf("INFO commandstats: %v", err)
+	}
+	stats := map[string]int{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+		n, err := strconv.Atoi(calls)
+		if err != nil {
+			t.Fatalf("INFO commandstats line %q: %v", line, err)
+		}
+		stats[strings.TrimPrefix(name, "cmdstat_")] = n
+	}
+	return stats
+}
+
+// TestOneRoundTripPerCheck: N Checks of 3 requests each on a single node are
+// N EVALSHA calls and nothing else, seen from the client (a hook) and from the
+// server (INFO commandstats; the only other commands are those the script
+// itself runs, and TIME runs exactly once per script).
+func TestOneRoundTripPerCheck(t *testing.T) {
+	r := testenv.RedisServer(t)
+	b := newSingle(t, r, DefaultKeyPrefix, nil)
+	counter := &commandCounter{names: map[string]int{}}
+	b.client.AddHook(counter)
+	ctx := context.Background()
+	reqs := []limiter.Request{
+		{Key: key("edge", "a"), Limit: limiter.Limit{Requests: 1 << 30, Window: time.Hour}, Hits: 1},
+		{Key: key("edge", "b"), Limit: limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 1 << 30, Window: time.Hour}, Hits: 1},
+		{Key: key("edge", "c"), Limit: limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 1 << 30, Window: time.Hour}, Hits: 1},
+	}
+	res := make([]limiter.Result, len(reqs))
+	// Warm up: connect (HELLO, CLIENT SETINFO) and load the script (EVALSHA
+	// answered NOSCRIPT, then EVAL).
+	if err := b.Check(ctx, reqs, res); err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	observer := r.Client()
+	if err := observer.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatalf("CONFIG RESETSTAT: %v", err)
+	}
+	counter.mu.Lock()
+	clear(counter.names)
+	counter.mu.Unlock()
+
+	const n = 200
+	for i := 0; i < n; i++ {
+		if err := b.Check(ctx, reqs, res); err != nil {
+			t.Fatalf("Check %d: %v", i, err)
+		}
+		for j, x := range res {
+			if !x.Allowed {
+				t.Fatalf("Check %d: request %d denied", i, j)
+			}
+		}
+	}
+
+	counter.mu.Lock()
+	sent := map[string]int{}
+	for k, v := range counter.names {
+		sent[k] = v
+	}
+	counter.mu.Unlock()
+	if len(sent) != 1 || sent["evalsha"] != n {
+		t.Errorf("client sent %v for %d Checks, want only %d evalsha", sent, n, n)
+	}
+
+	stats := commandStats(t, observer)
+	if stats["evalsha"] != n {
+		t.Errorf("server ran %d EVALSHA for %d Checks", stats["evalsha"], n)
+	}
+	if stats["time"] != n {
+		t.Errorf("server ran TIME %d times for %d Checks, want one per script", stats["time"], n)
+	}
+	inScript := map[string]bool{"time": true, "get": true, "set": true}
+	observed := map[string]bool{"info": true, "config|resetstat": true}
+	for cmd, calls := range stats {
+		if cmd != "evalsha" && !inScript[cmd] && !observed[cmd] {
+			t.Errorf("unexpected command %s (%d calls)", cmd, calls)
+		}
+	}
+}

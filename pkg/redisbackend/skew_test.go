@@ -1,0 +1,72 @@
+package redisbackend
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/envoy-rls/envoy-rls/internal/testenv"
+	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+)
+
+// admitAll runs goroutines on each backend until the key refuses, and returns
+// the number of admitted Checks.
+func admitAll(t *testing.T, backends []*Backend, req limiter.Request, perGoroutine int) int64 {
+	t.Helper()
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for _, b := range backends {
+		for range 8 {
+			wg.Go(func() {
+				res := make([]limiter.Result, 1)
+				for range perGoroutine {
+					if err := b.Check(context.Background(), []limiter.Request{req}, res); err != nil {
+						t.Errorf("Check: %v", err)
+						return
+					}
+					if res[0].Allowed {
+						admitted.Add(1)
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	return admitted.Load()
+}
+
+// TestRedisClockIgnoresInstanceClocks: two instances deciding on Redis TIME
+// (Now nil) enforce one limit, whatever their own clocks say. The algorithms
+// used have no window edges (sliding log, token bucket with a refill of one
+// hit per 14 minutes), so the test cannot straddle a boundary.
+func TestRedisClockIgnoresInstanceClocks(t *testing.T) {
+	r := testenv.RedisServer(t)
+	a := newSingle(t, r, DefaultKeyPrefix, nil)
+	b := newSingle(t, r, DefaultKeyPrefix, nil)
+	for _, alg := range []limiter.Algorithm{limiter.SlidingLog, limiter.TokenBucket} {
+		t.Run(alg.String(), func(t *testing.T) {
+			const limit = 100
+			req := limiter.Request{Key: key(t.Name()), Limit: limiter.Limit{Algorithm: alg, Requests: limit, Window: 24 * time.Hour}, Hits: 1}
+			if got := admitAll(t, []*Backend{a, b}, req, 20); got != limit {
+				t.Errorf("two instances admitted %d, want the limit %d", got, limit)
+			}
+		})
+	}
+}
+
+// TestInjectedSkewedClocksDiverge shows why production uses Redis TIME: two
+// instances whose own clocks differ by 30 s count a 10 s fixed window in
+// different buckets, so together they admit twice the limit.
+func TestInjectedSkewedClocksDiverge(t *testing.T) {
+	r := testenv.RedisServer(t)
+	t0 := time.UnixMilli(1_767_225_600_000)
+	a := newSingle(t, r, DefaultKeyPrefix, func() time.Time { return t0 })
+	b := newSingle(t, r, DefaultKeyPrefix, func() time.Time { return t0.Add(30 * time.Second) })
+	const limit = 50
+	req := limiter.Request{Key: key(t.Name()), Limit: limiter.Limit{Algorithm: limiter.FixedWindow, Requests: limit, Window: 10 * time.Second}, Hits: 1}
+	if got := admitAll(t, []*Backend{a, b}, req, 10); got != 2*limit {
+		t.Errorf("skewed instances admitted %d, want %d (one limit per bucket each)", got, 2*limit)
+	}
+}
