@@ -103,7 +103,7 @@ type env struct {
 }
 
 // loadConfig writes files (name → YAML) to a temporary folder and loads it.
-func loadConfig(t *testing.T, files map[string]string) *descriptors.Config {
+func loadConfig(t testing.TB, files map[string]string) *descriptors.Config {
 	t.Helper()
 	dir := t.TempDir()
 	for name, body := range files {

@@ -369,14 +369,29 @@ func metadata(domain string, sc *scratch, k int) *structpb.Struct {
 	if m.rule != nil {
 		ruleID = m.rule.ID
 	}
-	return &structpb.Struct{Fields: map[string]*structpb.Value{
-		"domain":     structpb.NewStringValue(domain),
-		"rule":       structpb.NewStringValue(m.ruleName),
-		"rule_id":    structpb.NewStringValue(ruleID),
-		"limit":      structpb.NewStringValue(m.name),
-		"decision":   structpb.NewStringValue(outcomeOf(q, r).String()),
-		"source":     structpb.NewStringValue(r.Source.String()),
-		"descriptor": structpb.NewNumberValue(float64(m.desc)),
-		"remaining":  structpb.NewNumberValue(float64(r.Remaining)),
-	}}
+	// The values and their kinds are allocated together: this runs on
+	// every request that checked a limit.
+	var (
+		strs = make([]structpb.Value_StringValue, 6)
+		nums = make([]structpb.Value_NumberValue, 2)
+		vals = make([]structpb.Value, 8)
+	)
+	fields := make(map[string]*structpb.Value, 8)
+	for i, kv := range [...]struct{ k, v string }{
+		{"domain", domain},
+		{"rule", m.ruleName},
+		{"rule_id", ruleID},
+		{"limit", m.name},
+		{"decision", outcomeOf(q, r).String()},
+		{"source", r.Source.String()},
+	} {
+		strs[i].StringValue = kv.v
+		vals[i].Kind = &strs[i]
+		fields[kv.k] = &vals[i]
+	}
+	nums[0].NumberValue = float64(m.desc)
+	nums[1].NumberValue = float64(r.Remaining)
+	vals[6].Kind, vals[7].Kind = &nums[0], &nums[1]
+	fields["descriptor"], fields["remaining"] = &vals[6], &vals[7]
+	return &structpb.Struct{Fields: fields}
 }
