@@ -310,25 +310,10 @@ func (r *Redis) Client() *redis.Client {
 
 // startLocked starts the process with r.args and waits until it is ready.
 func (r *Redis) startLocked() error {
-	logFile, err := os.OpenFile(r.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	p, err := startProcess(r.bin, r.args, r.dir, r.logPath)
 	if err != nil {
-		return fmt.Errorf("open log: %w", err)
+		return err
 	}
-	fmt.Fprintf(logFile, "### testenv: %s %s\n", r.bin, strings.Join(quoteArgs(r.args), " "))
-	cmd := exec.Command(r.bin, r.args...)
-	cmd.Dir = r.dir
-	cmd.Stdout = logFile
-	cmd.Stderr = logFile
-	err = cmd.Start()
-	logFile.Close() // the child holds its own descriptor
-	if err != nil {
-		return fmt.Errorf("exec %s: %w", r.bin, err)
-	}
-	p := &process{cmd: cmd, done: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		close(p.done)
-	}()
 	r.proc, r.paused = p, false
 
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
@@ -343,12 +328,43 @@ func (r *Redis) startLocked() error {
 	return nil
 }
 
+// startProcess starts bin with args in dir, appending its stdout and stderr
+// to logPath. A goroutine owned by the returned process waits for the exit and
+// closes done; it ends when the process does.
+func startProcess(bin string, args []string, dir, logPath string) (*process, error) {
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open log: %w", err)
+	}
+	fmt.Fprintf(logFile, "### testenv: %s %s\n", bin, strings.Join(quoteArgs(args), " "))
+	cmd := exec.Command(bin, args...)
+	cmd.Dir = dir
+	cmd.Stdout = logFile
+	cmd.Stderr = logFile
+	err = cmd.Start()
+	logFile.Close() // the child holds its own descriptor
+	if err != nil {
+		return nil, fmt.Errorf("exec %s: %w", bin, err)
+	}
+	p := &process{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// kill sends SIGKILL and waits for the exit.
+func (p *process) kill() {
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
 func (r *Redis) killLocked() {
 	if r.proc == nil {
 		return
 	}
-	_ = r.proc.cmd.Process.Kill()
-	<-r.proc.done
+	r.proc.kill()
 	r.proc, r.paused = nil, false
 }
 
@@ -365,8 +381,11 @@ func (r *Redis) cleanup() {
 	}
 }
 
-func (r *Redis) logTail() string {
-	b, err := os.ReadFile(r.logPath)
+func (r *Redis) logTail() string { return readTail(r.logPath) }
+
+// readTail returns the last logTail bytes of the file at path.
+func readTail(path string) string {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Sprintf("(no log: %v)", err)
 	}

