@@ -1,0 +1,63 @@
+package main
+
+import (
+	"context"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+
+	"github.com/envoy-rls/envoy-rls/pkg/descriptors"
+	"github.com/envoy-rls/envoy-rls/pkg/metrics"
+	"github.com/envoy-rls/envoy-rls/pkg/rls"
+)
+
+// rlsObserver feeds the service's decisions into the metrics.
+type rlsObserver struct{ m *metrics.Metrics }
+
+func (o rlsObserver) ObserveDecision(d rls.Decision) {
+	source := ""
+	switch d.Outcome {
+	case rls.OutcomeOK, rls.OutcomeOverLimit, rls.OutcomeShadowOverLimit:
+		source = d.Source.String()
+	}
+	o.m.Decision(d.Domain, d.Rule, d.Limit, d.Outcome.String(), source)
+}
+
+func (o rlsObserver) UnknownDomain(string) { o.m.UnknownDomain() }
+
+// requestMetrics times every ShouldRateLimit call and counts it by its
+// overall code or gRPC error code.
+func requestMetrics(m *metrics.Metrics, now func() time.Time) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if info.FullMethod != rlsv3.RateLimitService_ShouldRateLimit_FullMethodName {
+			return handler(ctx, req)
+		}
+		start := now()
+		resp, err := handler(ctx, req)
+		code := "OK"
+		if err != nil {
+			code = status.Code(err).String()
+		} else if r, ok := resp.(*rlsv3.RateLimitResponse); ok {
+			code = r.OverallCode.String()
+		}
+		m.Request(code, now().Sub(start))
+		return resp, err
+	}
+}
+
+// recordReload turns a watcher event into metrics; initial marks the load
+// at start.
+func recordReload(m *metrics.Metrics, initial bool, ev descriptors.ReloadEvent) {
+	switch ev.Outcome {
+	case descriptors.Loaded:
+		rules := map[string]int{}
+		for _, d := range ev.Config.Domains() {
+			rules[d.Domain] = d.Rules
+		}
+		m.Reloaded(initial, true, ev.Time, rules)
+	case descriptors.Failed:
+		m.Reloaded(initial, false, ev.Time, nil)
+	}
+}

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/envoy-rls/envoy-rls/pkg/failsoft"
+	"github.com/envoy-rls/envoy-rls/pkg/memorybackend"
+	"github.com/envoy-rls/envoy-rls/pkg/metrics"
+	"github.com/envoy-rls/envoy-rls/pkg/redisbackend"
+)
+
+// openRedisStore connects to Redis and wraps it in the fail-soft layer, with
+// an in-process fallback and the heartbeat loop that learns how many
+// instances share the limits.
+func openRedisStore(ctx context.Context, o storeOptions, log *slog.Logger, m *metrics.Metrics) (*store, error) {
+	ro := redisbackend.Options{
+		URL:            o.redisURL,
+		ClusterAddrs:   o.redisClusterAddrs,
+		SentinelAddrs:  o.redisSentinelAddrs,
+		SentinelMaster: o.redisSentinelMaster,
+		Username:       o.redisUsername,
+		Password:       o.redisPassword,
+		PoolSize:       o.redisPoolSize,
+		KeyPrefix:      o.redisKeyPrefix,
+		Timeout:        o.redisTimeout,
+	}
+	if o.redisTLSCA != "" || o.redisTLSCert != "" || o.redisTLSServerName != "" || o.redisTLSInsecure {
+		tlsCfg, err := redisbackend.TLSConfig(o.redisTLSCA, o.redisTLSCert, o.redisTLSKey, o.redisTLSServerName, o.redisTLSInsecure)
+		if err != nil {
+			return nil, fmt.Errorf("--redis.tls.*: %w", err)
+		}
+		ro.TLS = tlsCfg
+	}
+	rb, err := redisbackend.New(ro)
+	if err != nil {
+		return nil, err
+	}
+	mem := memorybackend.New(memorybackend.Options{})
+	fs, err := failsoft.New(failsoft.Options{
+		Primary:   m.InstrumentStore(rb, time.Now),
+		Fallback:  mem,
+		Heartbeat: rb,
+		Instances: o.fallbackInstances,
+		Logger:    log,
+		Observer:  m,
+	})
+	if err != nil {
+		mem.Close()
+		rb.Close()
+		return nil, err
+	}
+	if err := m.InstancesFunc(fs.Instances); err != nil {
+		mem.Close()
+		rb.Close()
+		return nil, err
+	}
+	if err := rb.Ping(ctx); err != nil {
+		// Not fatal: the service starts and decides by failure_mode until
+		// Redis answers, so a Redis restart never takes the gateway down.
+		log.Warn("Redis is not reachable yet; deciding by each rule's failure_mode until it is", "err", err)
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := fs.Run(runCtx); err != nil && runCtx.Err() == nil {
+			log.Error("heartbeat loop stopped", "err", err)
+		}
+	}()
+	return &store{
+		name:    "redis",
+		limiter: fs,
+		ready:   rb.Ping,
+		closers: []func() error{
+			rb.Close,
+			mem.Close,
+			func() error {
+				cancel()
+				wg.Wait()
+				// Leave the instance set so the others' share grows at once.
+				ctx, c := context.WithTimeout(context.Background(), o.redisTimeout)
+				defer c()
+				_, err := rb.Leave(ctx, fs.InstanceID())
+				if err != nil {
+					log.Debug("leaving the instance set", "err", err)
+				}
+				return nil
+			},
+		},
+	}, nil
+}

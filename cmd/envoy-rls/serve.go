@@ -1,0 +1,343 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/envoy-rls/envoy-rls/pkg/descriptors"
+	"github.com/envoy-rls/envoy-rls/pkg/metrics"
+	"github.com/envoy-rls/envoy-rls/pkg/rls"
+)
+
+// serveOptions holds every serve flag.
+type serveOptions struct {
+	configDir      string
+	mergeDomains   bool
+	reloadInterval time.Duration
+	grpcAddr       string
+	httpAddr       string
+	debugAddr      string
+	headers        string
+	shadow         bool
+	logLevel       string
+	logFormat      string
+	drainTimeout   time.Duration
+	store          storeOptions
+}
+
+func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.configDir, "config.dir", "./config", "folder of descriptor YAML files, one domain per file")
+	fs.BoolVar(&o.mergeDomains, "config.merge-domains", false, "allow several files to declare the same domain (their descriptors are merged)")
+	fs.DurationVar(&o.reloadInterval, "config.reload-interval", 5*time.Second, "how often the config folder is checked for changes (SIGHUP reloads at once)")
+	fs.StringVar(&o.grpcAddr, "grpc.addr", ":8081", "gRPC listen address (RateLimitService v3, health, reflection)")
+	fs.StringVar(&o.httpAddr, "http.addr", ":9090", "HTTP listen address (/metrics, /healthz, /readyz)")
+	fs.StringVar(&o.debugAddr, "debug.addr", "127.0.0.1:6070", "debug listen address (pprof, /debug/config); empty disables it")
+	fs.StringVar(&o.headers, "headers", "ietf", "rate-limit response headers: ietf (RateLimit-Policy, RateLimit), draft03 (X-RateLimit-*), none")
+	fs.BoolVar(&o.shadow, "shadow", false, "shadow mode for every rule: count and report, never deny")
+	fs.StringVar(&o.logLevel, "log.level", "info", "log level: debug, info, warn, error")
+	fs.StringVar(&o.logFormat, "log.format", "text", "log format: text or json")
+	fs.DurationVar(&o.drainTimeout, "shutdown.drain-timeout", 10*time.Second, "how long a graceful stop waits for in-flight requests")
+	o.store.register(fs)
+	fs.Usage = usageWithEnv(fs, "envoy-rls [serve] [flags]")
+	return fs
+}
+
+func parseServeFlags(args []string, stderr io.Writer, lookupEnv func(string) (string, bool)) (serveOptions, error) {
+	var o serveOptions
+	fs := newServeFlags(&o, stderr)
+	if err := fs.Parse(args); err != nil {
+		return o, usageError{}
+	}
+	if fs.NArg() > 0 {
+		return o, usageError{msg: fmt.Sprintf("serve takes no arguments, got %q", fs.Args())}
+	}
+	if err := applyEnv(fs, lookupEnv); err != nil {
+		return o, usageError{msg: err.Error()}
+	}
+	return o, nil
+}
+
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log.level: %w", err)
+	}
+	ho := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, ho)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, ho)), nil
+	}
+	return nil, fmt.Errorf("--log.format: %q is not text or json", format)
+}
+
+func serveMain(ctx context.Context, args []string, stderr io.Writer, lookupEnv func(string) (string, bool)) error {
+	o, err := parseServeFlags(args, stderr, lookupEnv)
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(stderr, o.logLevel, o.logFormat)
+	if err != nil {
+		return usageError{msg: err.Error()}
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	return serve(ctx, o, log, hup, nil)
+}
+
+// server is one running envoy-rls: its listeners, config and store.
+type server struct {
+	log     *slog.Logger
+	watcher *descriptors.Watcher
+	store   *store
+	health  *health.Server
+	grpc    *grpc.Server
+	http    *http.Server
+	debug   *http.Server
+	reg     *prometheus.Registry
+}
+
+// serve runs the service until ctx ends, then stops gracefully. hup
+// triggers config reloads. ready, when not nil, is called with the bound
+// addresses once every listener accepts connections (tests use it).
+func serve(ctx context.Context, o serveOptions, log *slog.Logger, hup <-chan os.Signal, ready func(addrs boundAddrs)) error {
+	headers, err := rls.ParseHeaderMode(o.headers)
+	if err != nil {
+		return usageError{msg: "--headers: " + err.Error()}
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m, err := metrics.New(reg)
+	if err != nil {
+		return err
+	}
+
+	watcher, err := descriptors.NewWatcher(descriptors.WatcherOptions{
+		Dir:      o.configDir,
+		Load:     descriptors.Options{MergeDomains: o.mergeDomains},
+		Interval: o.reloadInterval,
+		Logger:   log,
+		OnReload: func(ev descriptors.ReloadEvent) { recordReload(m, false, ev) },
+	})
+	if err != nil {
+		return fmt.Errorf("loading %s: %w", o.configDir, err)
+	}
+	recordReload(m, true, descriptors.ReloadEvent{Time: time.Now(), Outcome: descriptors.Loaded, Config: watcher.Current()})
+	for _, d := range watcher.Current().Domains() {
+		log.Info("domain loaded", "domain", d.Domain, "rules", d.Rules, "limits", d.Limits, "file", d.File)
+	}
+
+	st, err := openStore(ctx, o.store, log, m)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+
+	svc, err := rls.New(rls.Options{
+		Config:   watcher,
+		Limiter:  st.limiter,
+		Headers:  headers,
+		Shadow:   o.shadow,
+		Logger:   log,
+		Observer: rlsObserver{m},
+	})
+	if err != nil {
+		return err
+	}
+
+	s := &server{log: log, watcher: watcher, store: st, reg: reg, health: health.NewServer()}
+	s.grpc = grpc.NewServer(
+		// Envoy keeps few long-lived HTTP/2 connections and multiplexes
+		// many small unary calls on them.
+		grpc.MaxConcurrentStreams(1<<16),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.ChainUnaryInterceptor(requestMetrics(m, time.Now)),
+	)
+	svc.Register(s.grpc)
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	reflection.Register(s.grpc)
+	// The config is loaded (the watcher's constructor failed otherwise):
+	// the service and the overall health are SERVING.
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus("envoy.service.ratelimit.v3.RateLimitService", healthpb.HealthCheckResponse_SERVING)
+
+	s.http = &http.Server{Handler: s.httpMux(), ReadHeaderTimeout: 5 * time.Second}
+	if o.debugAddr != "" {
+		s.debug = &http.Server{Handler: s.debugMux(), ReadHeaderTimeout: 5 * time.Second}
+	}
+	return s.run(ctx, o, hup, ready)
+}
+
+// boundAddrs are the addresses the listeners actually bound (ports may be 0
+// in flags).
+type boundAddrs struct{ GRPC, HTTP, Debug string }
+
+func (s *server) run(ctx context.Context, o serveOptions, hup <-chan os.Signal, ready func(boundAddrs)) error {
+	var lc net.ListenConfig
+	gl, err := lc.Listen(ctx, "tcp", o.grpcAddr)
+	if err != nil {
+		return fmt.Errorf("--grpc.addr: %w", err)
+	}
+	hl, err := lc.Listen(ctx, "tcp", o.httpAddr)
+	if err != nil {
+		gl.Close()
+		return fmt.Errorf("--http.addr: %w", err)
+	}
+	var dl net.Listener
+	if s.debug != nil {
+		if dl, err = lc.Listen(ctx, "tcp", o.debugAddr); err != nil {
+			gl.Close()
+			hl.Close()
+			return fmt.Errorf("--debug.addr: %w", err)
+		}
+	}
+	addrs := boundAddrs{GRPC: gl.Addr().String(), HTTP: hl.Addr().String()}
+	if dl != nil {
+		addrs.Debug = dl.Addr().String()
+	}
+
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 4)
+	var wg sync.WaitGroup
+	goRun := func(name string, f func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(); err != nil {
+				errc <- fmt.Errorf("%s: %w", name, err)
+				cancel()
+			}
+		}()
+	}
+	goRun("grpc server", func() error { return s.grpc.Serve(gl) })
+	goRun("http server", func() error { return ignoreClosed(s.http.Serve(hl)) })
+	if dl != nil {
+		goRun("debug server", func() error { return ignoreClosed(s.debug.Serve(dl)) })
+	}
+	goRun("config watcher", func() error { return ignoreCanceled(s.watcher.Run(runCtx)) })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-runCtx.Done():
+				return
+			case <-hup:
+				s.log.Info("SIGHUP: reloading config")
+				s.watcher.Reload()
+			}
+		}
+	}()
+
+	s.log.Info("envoy-rls serving", "grpc", addrs.GRPC, "http", addrs.HTTP, "debug", addrs.Debug, "store", s.store.name)
+	if ready != nil {
+		ready(addrs)
+	}
+	<-runCtx.Done()
+	s.shutdown(o.drainTimeout)
+	wg.Wait()
+	close(errc)
+	return <-errc // nil when every part stopped cleanly
+}
+
+// shutdown stops accepting, drains in-flight requests for at most drain,
+// then closes everything.
+func (s *server) shutdown(drain time.Duration) {
+	s.log.Info("stopping: draining in-flight requests", "timeout", drain)
+	s.health.Shutdown() // NOT_SERVING: Envoy's health checks move traffic away
+	ctx, cancel := context.WithTimeout(context.Background(), drain)
+	defer cancel()
+	done := make(chan struct{})
+	go func() { s.grpc.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		s.log.Warn("drain timeout: closing remaining gRPC streams")
+		s.grpc.Stop()
+		<-done
+	}
+	_ = s.http.Shutdown(ctx)
+	if s.debug != nil {
+		_ = s.debug.Shutdown(ctx)
+	}
+}
+
+func (s *server) httpMux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+		defer cancel()
+		if s.watcher.Current() == nil {
+			http.Error(w, "no config loaded", http.StatusServiceUnavailable)
+			return
+		}
+		if err := s.store.ready(ctx); err != nil {
+			http.Error(w, "store not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	return mux
+}
+
+func (s *server) debugMux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.HandleFunc("GET /debug/config", func(w http.ResponseWriter, r *http.Request) {
+		cfg := s.watcher.Current()
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		for _, d := range cfg.Domains() {
+			fmt.Fprintf(w, "domain %s (%s): %d rules, %d limits\n", d.Domain, d.File, d.Rules, d.Limits)
+		}
+	})
+	return mux
+}
+
+func ignoreClosed(err error) error {
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+func ignoreCanceled(err error) error {
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,257 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	commonrl "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+// running is a serve() started by a test.
+type running struct {
+	addrs  boundAddrs
+	hup    chan os.Signal
+	client rlsv3.RateLimitServiceClient
+	conn   *grpc.ClientConn
+}
+
+// startServe runs serve() on loopback with the given options (addresses
+// are forced to free loopback ports) and stops it when the test ends.
+func startServe(t *testing.T, o serveOptions) *running {
+	t.Helper()
+	o.grpcAddr, o.httpAddr, o.debugAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	if o.headers == "" {
+		o.headers = "ietf"
+	}
+	if o.drainTimeout == 0 {
+		o.drainTimeout = 5 * time.Second
+	}
+	if o.reloadInterval == 0 {
+		o.reloadInterval = time.Hour // tests reload through hup
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{hup: make(chan os.Signal, 1)}
+	readyc := make(chan boundAddrs, 1)
+	done := make(chan error, 1)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	go func() { done <- serve(ctx, o, log, r.hup, func(a boundAddrs) { readyc <- a }) }()
+	select {
+	case r.addrs = <-readyc:
+	case err := <-done:
+		cancel()
+		t.Fatalf("serve stopped before it was ready: %v", err)
+	}
+	conn, err := grpc.NewClient(r.addrs.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.conn, r.client = conn, rlsv3.NewRateLimitServiceClient(conn)
+	t.Cleanup(func() {
+		conn.Close()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve returned %v after a graceful stop", err)
+		}
+	})
+	return r
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil { // atomic, like a ConfigMap swap
+		t.Fatal(err)
+	}
+}
+
+func desc(kv ...string) *commonrl.RateLimitDescriptor {
+	d := &commonrl.RateLimitDescriptor{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		d.Entries = append(d.Entries, &commonrl.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return d
+}
+
+func TestServeHealthReadinessAndDecisions(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "t.yaml"), `
+domain: t
+descriptors:
+  - key: k
+    rate_limit: {unit: hour, requests_per_unit: 2}
+`)
+	r := startServe(t, serveOptions{configDir: dir})
+
+	hc := healthpb.NewHealthClient(r.conn)
+	for _, svc := range []string{"", "envoy.service.ratelimit.v3.RateLimitService"} {
+		h, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: svc})
+		if err != nil || h.Status != healthpb.HealthCheckResponse_SERVING {
+			t.Errorf("health(%q) = %v, %v; want SERVING", svc, h, err)
+		}
+	}
+	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
+		resp, err := http.Get("http://" + r.addrs.HTTP + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("GET %s = %d", path, resp.StatusCode)
+		}
+	}
+	resp, err := http.Get("http://" + r.addrs.Debug + "/debug/config")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), "domain t") {
+		t.Errorf("/debug/config = %q, want the loaded domain", body)
+	}
+
+	var codes []rlsv3.RateLimitResponse_Code
+	for range 3 {
+		resp, err := r.client.ShouldRateLimit(context.Background(),
+			&rlsv3.RateLimitRequest{Domain: "t", Descriptors: []*commonrl.RateLimitDescriptor{desc("k", "a")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		codes = append(codes, resp.OverallCode)
+	}
+	want := []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT}
+	if fmt.Sprint(codes) != fmt.Sprint(want) {
+		t.Errorf("codes = %v, want %v", codes, want)
+	}
+}
+
+func TestServeFailsOnBadConfigListingEveryError(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "bad.yaml"), "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n  - key: ''\n")
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	err := serve(context.Background(), serveOptions{configDir: dir, headers: "ietf", grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0"}, log, nil, nil)
+	if err == nil {
+		t.Fatal("serve accepted a bad config")
+	}
+	for _, want := range []string{"bad.yaml:4:", "fortnight", "bad.yaml:5:"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+}
+
+// TestReloadUnderLoad swaps the config 100 times while 32 callers hammer
+// the service: no request fails, and decisions follow each new config.
+func TestReloadUnderLoad(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "t.yaml")
+	version := func(v int, extra string) string {
+		return fmt.Sprintf(`
+domain: t
+descriptors:
+  - key: ver
+    rate_limit: {name: v%d, unit: hour, requests_per_unit: 1000000000}
+  - key: k
+    rate_limit: {unit: hour, requests_per_unit: 1000000000}
+%s`, v, extra)
+	}
+	writeFile(t, file, version(0, ""))
+	r := startServe(t, serveOptions{configDir: dir})
+
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var sent, failed atomic.Int64
+	var firstErr atomic.Value
+	for c := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req := &rlsv3.RateLimitRequest{Domain: "t", Descriptors: []*commonrl.RateLimitDescriptor{
+				desc("ver", "x"), desc("k", fmt.Sprint(c))}}
+			for ctx.Err() == nil {
+				resp, err := r.client.ShouldRateLimit(context.Background(), req)
+				sent.Add(1)
+				if err == nil && resp.OverallCode != rlsv3.RateLimitResponse_OK {
+					err = fmt.Errorf("overall code %v", resp.OverallCode)
+				}
+				if err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err)
+				}
+			}
+		}()
+	}
+	// currentVersion asks the service which config version answers.
+	currentVersion := func() string {
+		resp, err := r.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{
+			Domain: "t", Descriptors: []*commonrl.RateLimitDescriptor{desc("ver", "probe")}, HitsAddend: 0})
+		if err != nil || len(resp.Statuses) != 1 || resp.Statuses[0].CurrentLimit == nil {
+			t.Fatalf("probe: %v %v", resp, err)
+		}
+		return resp.Statuses[0].CurrentLimit.Name
+	}
+	awaitVersion := func(v int) {
+		want := fmt.Sprintf("v%d", v)
+		for i := 0; currentVersion() != want; i++ {
+			if i > 100000 {
+				t.Fatalf("config version %s never became active", want)
+			}
+		}
+	}
+	for v := 1; v <= 100; v++ {
+		extra := ""
+		if v == 100 {
+			extra = "  - key: final\n    rate_limit: {unit: hour, requests_per_unit: 5}\n"
+		}
+		writeFile(t, file, version(v, extra))
+		r.hup <- os.Interrupt // any signal value: serve reloads on every receive
+		awaitVersion(v)
+	}
+	stop()
+	wg.Wait()
+	if failed.Load() > 0 {
+		t.Fatalf("%d of %d requests failed during reloads; first: %v", failed.Load(), sent.Load(), firstErr.Load())
+	}
+	if sent.Load() < 32 {
+		t.Fatalf("only %d requests sent", sent.Load())
+	}
+
+	// The last config's new rule is enforced exactly, from 32 callers at once.
+	var admitted atomic.Int64
+	var wg2 sync.WaitGroup
+	for range 32 {
+		wg2.Add(1)
+		go func() {
+			defer wg2.Done()
+			resp, err := r.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{
+				Domain: "t", Descriptors: []*commonrl.RateLimitDescriptor{desc("final", "a")}})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if resp.OverallCode == rlsv3.RateLimitResponse_OK {
+				admitted.Add(1)
+			}
+		}()
+	}
+	wg2.Wait()
+	if admitted.Load() != 5 {
+		t.Errorf("admitted %d under the new 5/hour limit, want exactly 5", admitted.Load())
+	}
+}

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"log/slog"
+	"time"
+
+	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+	"github.com/envoy-rls/envoy-rls/pkg/memorybackend"
+	"github.com/envoy-rls/envoy-rls/pkg/metrics"
+)
+
+// storeOptions are the flags that choose and tune the counting store.
+type storeOptions struct {
+	redisURL            string
+	redisClusterAddrs   listFlag
+	redisSentinelAddrs  listFlag
+	redisSentinelMaster string
+	redisUsername       string
+	redisPassword       string
+	redisTLSCA          string
+	redisTLSCert        string
+	redisTLSKey         string
+	redisTLSServerName  string
+	redisTLSInsecure    bool
+	redisPoolSize       int
+	redisKeyPrefix      string
+	redisTimeout        time.Duration
+	fallbackInstances   int
+}
+
+func (o *storeOptions) register(fs *flag.FlagSet) {
+	fs.StringVar(&o.redisURL, "redis.url", "", "single-node Redis: redis://[user:password@]host:port[/db] or rediss:// for TLS; empty with no other --redis.* topology runs on the in-memory backend")
+	fs.Var(&o.redisClusterAddrs, "redis.cluster-addrs", "Redis Cluster seed nodes, host:port,host:port")
+	fs.Var(&o.redisSentinelAddrs, "redis.sentinel-addrs", "Redis Sentinel addresses, host:port,host:port (with --redis.sentinel-master)")
+	fs.StringVar(&o.redisSentinelMaster, "redis.sentinel-master", "", "the master name Sentinel monitors")
+	fs.StringVar(&o.redisUsername, "redis.username", "", "Redis ACL user (overrides the URL's)")
+	fs.StringVar(&o.redisPassword, "redis.password", "", "Redis password (overrides the URL's); prefer the environment variable")
+	fs.StringVar(&o.redisTLSCA, "redis.tls.ca", "", "PEM file of CAs that sign the Redis server certificate (enables TLS)")
+	fs.StringVar(&o.redisTLSCert, "redis.tls.cert", "", "PEM client certificate for mutual TLS (with --redis.tls.key)")
+	fs.StringVar(&o.redisTLSKey, "redis.tls.key", "", "PEM client key for mutual TLS")
+	fs.StringVar(&o.redisTLSServerName, "redis.tls.server-name", "", "server name to verify in the Redis certificate (default: the host)")
+	fs.BoolVar(&o.redisTLSInsecure, "redis.tls.insecure-skip-verify", false, "do not verify the Redis certificate (testing only)")
+	fs.IntVar(&o.redisPoolSize, "redis.pool-size", 0, "connections per Redis node (0: 10 per CPU)")
+	fs.StringVar(&o.redisKeyPrefix, "redis.key-prefix", "rls:", "prefix of every Redis key")
+	fs.DurationVar(&o.redisTimeout, "redis.timeout", 50*time.Millisecond, "upper bound of one Redis call; the incoming gRPC deadline may shorten it")
+	fs.IntVar(&o.fallbackInstances, "fallback.instances", 0, "number of envoy-rls instances sharing the limits while Redis is unavailable (0: learn it from Redis heartbeats)")
+}
+
+func (o *storeOptions) redisConfigured() bool {
+	return o.redisURL != "" || len(o.redisClusterAddrs) > 0 || len(o.redisSentinelAddrs) > 0
+}
+
+// store is the limiter the service counts with, and how to tell whether it
+// is ready.
+type store struct {
+	name    string
+	limiter limiter.Limiter
+	ready   func(context.Context) error
+	closers []func() error
+}
+
+// Close releases the store's connections and goroutines.
+func (s *store) Close() error {
+	var first error
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		if err := s.closers[i](); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+func openStore(ctx context.Context, o storeOptions, log *slog.Logger, m *metrics.Metrics) (*store, error) {
+	if !o.redisConfigured() {
+		mem := memorybackend.New(memorybackend.Options{})
+		log.Warn("no Redis configured: counting in process, so every envoy-rls instance enforces its own limits; set --redis.url for shared limits")
+		return &store{
+			name:    "memory",
+			limiter: mem,
+			ready:   func(context.Context) error { return nil },
+			closers: []func() error{mem.Close},
+		}, nil
+	}
+	return openRedisStore(ctx, o, log, m)
+}
