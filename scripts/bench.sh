@@ -247,5 +247,6 @@ if [ -n "$BENCH_OUT" ]; then
 	cp "$RESULTS" "$BENCH_OUT"
 fi
 echo
-echo "envoy-rls bench: $(nproc 2>/dev/null || echo '?') CPUs, measured ${BENCH_DURATION} per run after ${BENCH_WARMUP} warm-up, ${BENCH_CONNECTIONS} connections; latencies in ms"
+load="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')"
+echo "envoy-rls bench: $(nproc 2>/dev/null || echo '?') CPUs (load average at the end: $load), ${BENCH_DURATION} measured per run after ${BENCH_WARMUP} warm-up, ${BENCH_CONNECTIONS} connections; latencies in ms"
 "$BIN/rls-bench" report "$RESULTS"
