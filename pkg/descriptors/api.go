@@ -34,17 +34,18 @@ type Entry struct {
 // Limit is one compiled limit of a Rule.
 type Limit struct {
 	// ID is the stable identity of this limit, used in storage keys: the
-	// rule's ID, followed by "#<index>" when the rule has several limits
-	// (rate_limits), e.g. "tenant.user#1".
+	// rule's ID, followed by "#<index>" (0-based position in rate_limits)
+	// when the rule has several limits, e.g. "tenant.user#1" for the second.
 	ID string
 	// Name is the configured rate_limit name, or the rule's Name.
 	Name        string
 	Limit       limiter.Limit
 	FailureMode limiter.FailureMode
-	// Unit is the configured unit ("second" … "year"), or "" when the
-	// limit was given as a window.
+	// Unit is the configured unit ("second" … "year", lower case), or ""
+	// when the limit was given as a window.
 	Unit string
-	Pos  Position
+	// Pos is where the rate_limit object starts.
+	Pos Position
 }
 
 // Rule is a compiled descriptor node that carries a rate limit.
@@ -62,12 +63,23 @@ type Rule struct {
 	// Limits holds every limit that applies (rate_limit or rate_limits);
 	// empty when Unlimited.
 	Limits         []Limit
-	Unlimited      bool
-	ShadowMode     bool
+	// Unlimited: rate_limit: {unlimited: true}. The request is admitted
+	// without touching the store.
+	Unlimited bool
+	// ShadowMode: the descriptor's shadow_mode. Counted and reported,
+	// never denies.
+	ShadowMode bool
+	// DetailedMetric: the descriptor's detailed_metric. Callers may label
+	// metrics with the matched value (mind the cardinality).
 	DetailedMetric bool
-	// Replaces lists the rate-limit names this rule's limits replace.
+	// Replaces lists the rate-limit names this rule's limits replace
+	// (every name is configured somewhere in the domain; names need not be
+	// unique, so one name may stand for several limits). When a request
+	// matches this rule and a rule whose limit has a replaced Limit.Name,
+	// only this rule's limits apply to it, as in envoyproxy/ratelimit.
 	Replaces []string
-	Pos      Position
+	// Pos is where the descriptor starts.
+	Pos Position
 }
 
 // DomainSummary describes one loaded domain for check-config and /debug/config.

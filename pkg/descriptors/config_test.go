@@ -658,3 +658,24 @@ func BenchmarkMatch(b *testing.B) {
 		})
 	}
 }
+
+// TestHostileYAML: self-referencing anchors, exponential aliases and merge
+// keys end in errors, not in a hang, a stack overflow or a panic.
+func TestHostileYAML(t *testing.T) {
+	for _, c := range []struct{ yaml, msg string }{
+		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: &a {<<: *a}\n", "merge keys (<<) nest more than 4 deep"},
+		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: &a {<<: [*a, *a, *a, *a, *a, *a, *a, *a]}\n", "merge keys (<<) nest more than 4 deep"},
+		{"domain: d\ndescriptors: &a\n  - key: k\n    descriptors: *a\n  - key: j\n    descriptors: *a\n", "more than 100000 descriptors"},
+		{"domain: d\ndescriptors: &a\n  - key: k\n    descriptors: *a\n", "descriptors nest deeper than 64 levels"},
+		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {<<: 5}\n", "a merge key (<<) needs a mapping or a list of mappings, got the integer 5"},
+	} {
+		_, err := compile([]srcFile{{name: "h.yaml", data: []byte(c.yaml)}}, Options{})
+		if err == nil || !strings.Contains(err.Error(), c.msg) {
+			t.Errorf("%q: got %v, want %q", c.yaml, err, c.msg)
+		}
+		var list ErrorList
+		if errors.As(err, &list) && len(list) > maxErrors+1 {
+			t.Errorf("%q: %d errors", c.yaml, len(list))
+		}
+	}
+}

@@ -56,11 +56,25 @@
 // so renaming a key or value starts new counters while editing numbers keeps
 // them. Rule.Name is the configured name, else the ID.
 //
+// Names need not be unique within a domain (as in envoyproxy/ratelimit):
+// replaces: [{name: n}] refers to every rate limit named n, and it is an
+// error when no rate limit of the domain is named n, or when n names the
+// replacing rate limit itself.
+//
 // # Matching
 //
 // See Config.Match: envoyproxy/ratelimit's rules — exact key+value first,
 // then wildcard values in file order, then the key-only descriptor; the
 // request must end exactly at a descriptor that has a rate limit.
+//
+// # Reloading
+//
+// A Watcher polls the folder (default every 5s) and reloads when the names
+// or bytes of its configuration files change; Reload forces a check (wire
+// SIGHUP to it). An invalid configuration is reported and the last good
+// one stays current. Writers should replace files atomically (write a
+// hidden temporary file, then rename it), as Kubernetes does with its
+// ..data symlink: a half-written file is rejected like any invalid one.
 //
 // # Errors
 //
