@@ -62,7 +62,7 @@ type Rule struct {
 	Name string
 	// Limits holds every limit that applies (rate_limit or rate_limits);
 	// empty when Unlimited.
-	Limits         []Limit
+	Limits []Limit
 	// Unlimited: rate_limit: {unlimited: true}. The request is admitted
 	// without touching the store.
 	Unlimited bool
