@@ -332,14 +332,14 @@ type problem struct {
 // problemBody renders the problem+json body, for example
 //
 //	{"type":"about:blank","title":"Too Many Requests","status":429,
-//	 "detail":"rate limit \"per_ip\" exceeded (120 requests per 1m0s); retry after 42 s",
+//	 "detail":"rate limit \"per_ip\" (120 per 1m0s) exceeded; retry after 42 s",
 //	 "limit":"per_ip","requests":120,"window":"1m0s","retry_after":42}
 func problemBody(name string, l limiter.Limit, retry int64) []byte {
 	b, err := json.Marshal(problem{
 		Type:       "about:blank",
 		Title:      "Too Many Requests",
 		Status:     429,
-		Detail:     fmt.Sprintf("rate limit %q exceeded (%d requests per %v); retry after %d s", name, l.Requests, l.Window, retry),
+		Detail:     fmt.Sprintf("rate limit %q (%d per %v) exceeded; retry after %d s", name, l.Requests, l.Window, retry),
 		Limit:      name,
 		Requests:   l.Requests,
 		Window:     l.Window.String(),
