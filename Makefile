@@ -13,6 +13,8 @@ export ENVOY_BIN ?= $(CURDIR)/.tools/venv/bin/envoy
 # Whole-suite timeout for go test (the Redis Cluster/Sentinel and Envoy tests
 # start real servers).
 TEST_TIMEOUT ?= 20m
+# Packages for go vet/go test (make test PKG=./pkg/rls/... for one subtree).
+PKG ?= ./...
 # Time per fuzz target for `make fuzz`.
 FUZZTIME ?= 10s
 # Extra arguments for `make run`, e.g. make run ARGS='--redis.url redis://127.0.0.1:6379'.
@@ -20,10 +22,9 @@ ARGS ?=
 
 .PHONY: test deps fmt-check vet build run fuzz bench
 
-test: deps
-	@$(MAKE) --no-print-directory fmt-check
-	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+# The prerequisites (in this order without -j) all finish before go test runs.
+test: deps fmt-check vet
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKG)
 
 deps:
 	bash scripts/install-deps.sh
@@ -34,7 +35,7 @@ fmt-check:
 	echo "gofmt: ok"
 
 vet:
-	$(GO) vet ./...
+	$(GO) vet $(PKG)
 
 build:
 	$(GO) build -o bin/ ./cmd/...
