@@ -130,7 +130,7 @@ func (b *Backend) Ping(ctx context.Context) error {
 		err = b.client.Ping(ctx).Err()
 	}
 	if err != nil {
-		return unavailable("ping", err)
+		return unavailable(ctx, "ping", err)
 	}
 	return nil
 }
@@ -191,8 +191,19 @@ func validate(reqs []limiter.Request, results []limiter.Result) error {
 	return nil
 }
 
-// unavailable wraps a store failure.
-func unavailable(op string, err error) error {
+// unavailable wraps a store failure. When the context has ended, its error
+// is wrapped too (go-redis reports an expired deadline as the socket's i/o
+// timeout), so errors.Is(err, context.DeadlineExceeded) holds.
+func unavailable(ctx context.Context, op string, err error) error {
+	cerr := ctx.Err()
+	if dl, ok := ctx.Deadline(); ok && cerr == nil && !time.Now().Before(dl) {
+		// The socket deadline (the context's) can fire just before the
+		// context's own timer.
+		cerr = context.DeadlineExceeded
+	}
+	if cerr != nil && !errors.Is(err, cerr) {
+		return fmt.Errorf("%w: redis %s: %w (%w)", limiter.ErrUnavailable, op, err, cerr)
+	}
 	return fmt.Errorf("%w: redis %s: %w", limiter.ErrUnavailable, op, err)
 }
 
@@ -260,14 +271,14 @@ func (b *Backend) call(ctx context.Context, reqs []limiter.Request, idx []int, r
 
 	v, err := b.scripts.check.Run(ctx, b.client, keys, args...).Slice()
 	if err != nil {
-		return 0, false, unavailable("check script", err)
+		return 0, false, unavailable(ctx, "check script", err)
 	}
 	stride := 4
 	if alt != nil {
 		stride = 6
 	}
 	if len(v) != 2+stride*n {
-		return 0, false, unavailable("check script", fmt.Errorf("reply has %d elements, want %d", len(v), 2+stride*n))
+		return 0, false, unavailable(ctx, "check script", fmt.Errorf("reply has %d elements, want %d", len(v), 2+stride*n))
 	}
 	var bad bool
 	num := func(x any) int64 {
@@ -293,7 +304,7 @@ func (b *Backend) call(ctx context.Context, reqs []limiter.Request, idx []int, r
 		}
 	}
 	if bad {
-		return 0, false, unavailable("check script", errors.New("reply holds a value that is not a non-negative integer"))
+		return 0, false, unavailable(ctx, "check script", errors.New("reply holds a value that is not a non-negative integer"))
 	}
 	return now, committed, nil
 }

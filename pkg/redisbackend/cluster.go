@@ -121,7 +121,7 @@ func (b *Backend) refund(ctx context.Context, reqs []limiter.Request, c *slotCal
 		return nil
 	}
 	if err := b.scripts.refund.Run(ctx, b.client, keys, args...).Err(); err != nil {
-		return unavailable("refund script", err)
+		return unavailable(ctx, "refund script", err)
 	}
 	return nil
 }

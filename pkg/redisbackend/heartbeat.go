@@ -39,7 +39,7 @@ func (b *Backend) beat(ctx context.Context, id string, ttlMS int64) (int, error)
 	}
 	n, err := b.scripts.heartbeat.Run(ctx, b.client, []string{b.instancesKey()}, id, strconv.FormatInt(ttlMS, 10), now).Int()
 	if err != nil {
-		return 0, unavailable("heartbeat script", err)
+		return 0, unavailable(ctx, "heartbeat script", err)
 	}
 	return n, nil
 }

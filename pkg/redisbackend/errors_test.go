@@ -1,0 +1,256 @@
+package redisbackend
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/envoy-rls/envoy-rls/internal/testenv"
+	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+)
+
+func TestOptionsValidation(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		opts Options
+		want []string // substrings of the error; nil means valid
+	}{
+		{"url", Options{URL: "redis://127.0.0.1:6379/0"}, nil},
+		{"cluster", Options{ClusterAddrs: []string{"a:1", "b:2"}}, nil},
+		{"sentinel", Options{SentinelAddrs: []string{"a:1"}, SentinelMaster: "m"}, nil},
+		{"none", Options{}, []string{"--redis.url", "--redis.cluster-addrs", "--redis.sentinel-addrs"}},
+		{"two", Options{URL: "redis://x:1", ClusterAddrs: []string{"a:1"}}, []string{"--redis.url and --redis.cluster-addrs are mutually exclusive"}},
+		{"sentinel without master", Options{SentinelAddrs: []string{"a:1"}}, []string{"--redis.sentinel-master is required"}},
+		{"master without sentinels", Options{URL: "redis://x:1", SentinelMaster: "m"}, []string{"--redis.sentinel-addrs is empty"}},
+		{"bad url", Options{URL: "http://x:1"}, []string{"--redis.url"}},
+		{"empty address", Options{ClusterAddrs: []string{"a:1", " "}}, []string{"empty addresses"}},
+		{"brace prefix", Options{URL: "redis://x:1", KeyPrefix: "a{b}:"}, []string{"--redis.key-prefix"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b, err := New(c.opts)
+			if c.want == nil {
+				if err != nil {
+					t.Fatalf("New: %v", err)
+				}
+				b.Close()
+				return
+			}
+			if err == nil {
+				b.Close()
+				t.Fatalf("New succeeded, want an error with %q", c.want)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestURLCredentialsAndOverride(t *testing.T) {
+	r := testenv.RedisServer(t, testenv.WithPassword("s3cret"))
+	ctx := context.Background()
+	for _, c := range []struct {
+		name string
+		opts Options
+		ok   bool
+	}{
+		{"password in url", Options{URL: "redis://:s3cret@" + r.Addr}, true},
+		{"no password", Options{URL: "redis://" + r.Addr}, false},
+		{"override", Options{URL: "redis://:wrong@" + r.Addr, Password: "s3cret"}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			c.opts.Timeout = testTimeout
+			b, err := New(c.opts)
+			if err != nil {
+				t.Fatalf("New: %v", err)
+			}
+			defer b.Close()
+			err = b.Ping(ctx)
+			if c.ok && err != nil {
+				t.Fatalf("Ping: %v", err)
+			}
+			if !c.ok && !errors.Is(err, limiter.ErrUnavailable) {
+				t.Fatalf("Ping = %v, want ErrUnavailable", err)
+			}
+		})
+	}
+}
+
+func TestInvalidRequests(t *testing.T) {
+	r := testenv.RedisServer(t)
+	b := newSingle(t, r, DefaultKeyPrefix, nil)
+	lim := limiter.Limit{Requests: 10, Window: time.Second}
+	for _, c := range []struct {
+		name string
+		reqs []limiter.Request
+		n    int
+	}{
+		{"results length", []limiter.Request{{Key: "k", Limit: lim}}, 2},
+		{"empty key", []limiter.Request{{Limit: lim}}, 1},
+		{"zero window", []limiter.Request{{Key: "k", Limit: limiter.Limit{Requests: 1}}}, 1},
+		{"huge hits", []limiter.Request{{Key: "k", Limit: lim, Hits: 1 << 53}}, 1},
+		{"inexact product", []limiter.Request{{Key: "k", Limit: limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 1, Burst: 1 << 40, Window: 24 * time.Hour}}}, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := b.Check(context.Background(), c.reqs, make([]limiter.Result, c.n))
+			if !errors.Is(err, limiter.ErrInvalid) {
+				t.Errorf("Check = %v, want ErrInvalid", err)
+			}
+		})
+	}
+}
+
+// TestUnavailable: a stopped, a paused and a misused Redis all give errors
+// wrapping ErrUnavailable with the cause kept, and the same Backend decides
+// again once Redis is back.
+func TestUnavailable(t *testing.T) {
+	r := testenv.RedisServer(t)
+	b, err := New(Options{URL: "redis://" + r.Addr, Timeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	defer b.Close()
+	ctx := context.Background()
+	reqs := []limiter.Request{{Key: key(t.Name()), Limit: limiter.Limit{Requests: 10, Window: time.Minute}, Hits: 1}}
+	res := make([]limiter.Result, 1)
+	check := func() error { return b.Check(ctx, reqs, res) }
+
+	// Decide once with a generous deadline of the caller's own: the caller's
+	// deadline is not shortened unless Timeout is shorter.
+	long, cancel := context.WithTimeout(ctx, testTimeout)
+	if err := b.Check(long, reqs, res); err != nil || !res[0].Allowed {
+		t.Fatalf("Check = %v %+v", err, res[0])
+	}
+	cancel()
+
+	t.Run("paused", func(t *testing.T) {
+		r.Pause()
+		err := check()
+		perr := b.Ping(ctx)
+		r.Resume()
+		if !errors.Is(err, limiter.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Check on a paused Redis = %v, want ErrUnavailable and DeadlineExceeded", err)
+		}
+		if !errors.Is(perr, limiter.ErrUnavailable) {
+			t.Errorf("Ping on a paused Redis = %v, want ErrUnavailable", perr)
+		}
+	})
+	t.Run("caller deadline", func(t *testing.T) {
+		expired, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))
+		defer cancel()
+		err := b.Check(expired, reqs, res)
+		if !errors.Is(err, limiter.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Check with an expired deadline = %v", err)
+		}
+	})
+	t.Run("stopped", func(t *testing.T) {
+		r.Stop()
+		err := check()
+		if !errors.Is(err, limiter.ErrUnavailable) {
+			t.Errorf("Check on a stopped Redis = %v, want ErrUnavailable", err)
+		}
+		r.Start()
+		if err := waitFor(func() error { return check() }); err != nil {
+			t.Fatalf("the Backend does not recover after Redis restarted: %v", err)
+		}
+		if !res[0].Allowed {
+			t.Errorf("restarted (empty) Redis denied: %+v", res[0])
+		}
+	})
+	t.Run("script error", func(t *testing.T) {
+		// A counter key of the wrong type makes the script fail: still a
+		// failure to decide.
+		lim := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 10, Window: time.Minute}
+		req := limiter.Request{Key: key(t.Name()), Limit: lim, Hits: 1}
+		if err := r.Client().HSet(ctx, baseKey(DefaultKeyPrefix, req)+":tb", "f", "v").Err(); err != nil {
+			t.Fatalf("HSET: %v", err)
+		}
+		err := b.Check(ctx, []limiter.Request{req}, res)
+		if !errors.Is(err, limiter.ErrUnavailable) || !strings.Contains(err.Error(), "WRONGTYPE") {
+			t.Errorf("Check on a wrongly typed key = %v, want ErrUnavailable with WRONGTYPE", err)
+		}
+	})
+	t.Run("closed", func(t *testing.T) {
+		c, err := New(Options{URL: "redis://" + r.Addr})
+		if err != nil {
+			t.Fatalf("New: %v", err)
+		}
+		c.Close()
+		if err := c.Check(ctx, reqs, res); !errors.Is(err, limiter.ErrUnavailable) {
+			t.Errorf("Check after Close = %v, want ErrUnavailable", err)
+		}
+	})
+}
+
+// waitFor polls f until it succeeds or 30 s pass (a server coming back has no
+// signal to await from the client's side).
+func waitFor(f func() error) error {
+	deadline := time.Now().Add(30 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		err := f()
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		<-tick.C
+	}
+}
+
+func TestTLSConfig(t *testing.T) {
+	dir := t.TempDir()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test"},
+		NotBefore: time.Unix(0, 0), NotAfter: time.Unix(1<<33, 0), IsCA: true, BasicConstraintsValid: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile, junk := filepath.Join(dir, "c.pem"), filepath.Join(dir, "k.pem"), filepath.Join(dir, "junk.pem")
+	for f, b := range map[string][]byte{
+		certFile: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		keyFile:  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}),
+		junk:     []byte("not pem"),
+	} {
+		if err := os.WriteFile(f, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg, err := TLSConfig(certFile, certFile, keyFile, "redis.internal", false)
+	if err != nil {
+		t.Fatalf("TLSConfig: %v", err)
+	}
+	if cfg.RootCAs == nil || len(cfg.Certificates) != 1 || cfg.ServerName != "redis.internal" || cfg.InsecureSkipVerify {
+		t.Errorf("TLSConfig = %+v", cfg)
+	}
+	for name, args := range map[string][3]string{
+		"missing ca":   {filepath.Join(dir, "nope"), "", ""},
+		"junk ca":      {junk, "", ""},
+		"cert no key":  {"", certFile, ""},
+		"bad key pair": {"", certFile, certFile},
+	} {
+		if _, err := TLSConfig(args[0], args[1], args[2], "", false); err == nil {
+			t.Errorf("%s: TLSConfig succeeded", name)
+		}
+	}
+}
