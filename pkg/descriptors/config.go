@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -136,6 +137,24 @@ func Load(dir string, opts Options) (*Config, error) {
 	files, err := readDir(dir)
 	if err != nil {
 		return nil, err
+	}
+	return compile(files, opts)
+}
+
+// LoadFiles is Load for an explicit list of files (any names, in the order
+// given), e.g. for `envoy-rls check-config file.yaml`. Errors name the
+// paths as given.
+func LoadFiles(paths []string, opts Options) (*Config, error) {
+	if len(paths) == 0 {
+		return nil, errors.New("descriptors: no configuration files given")
+	}
+	files := make([]srcFile, 0, len(paths))
+	for _, p := range paths {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return nil, fmt.Errorf("descriptors: %w", err)
+		}
+		files = append(files, srcFile{name: p, data: data})
 	}
 	return compile(files, opts)
 }

@@ -679,3 +679,22 @@ func TestHostileYAML(t *testing.T) {
 		}
 	}
 }
+
+func TestLoadFiles(t *testing.T) {
+	good := filepath.Join(fixtures, "good", "edge.yaml")
+	cfg, err := LoadFiles([]string{good}, Options{})
+	if err != nil || !cfg.HasDomain("edge") || len(cfg.Domains()) != 1 {
+		t.Fatalf("LoadFiles(%s): %v", good, err)
+	}
+	bad := filepath.Join(fixtures, "bad", "unknown_unit.yaml")
+	_, err = LoadFiles([]string{filepath.Join(fixtures, "good", "limits.yaml"), bad}, Options{})
+	if err == nil || !strings.HasPrefix(err.Error(), bad+":5:13: unknown unit") {
+		t.Errorf("LoadFiles with a bad file: %v", err)
+	}
+	if _, err := LoadFiles(nil, Options{}); err == nil {
+		t.Error("LoadFiles(nil) succeeded")
+	}
+	if _, err := LoadFiles([]string{filepath.Join(fixtures, "missing.yaml")}, Options{}); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("missing file: %v", err)
+	}
+}
