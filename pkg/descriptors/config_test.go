@@ -698,3 +698,16 @@ func TestLoadFiles(t *testing.T) {
 		t.Errorf("missing file: %v", err)
 	}
 }
+
+func TestTooManyErrors(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("domain: d\ndescriptors:\n")
+	for i := range maxErrors + 5 {
+		fmt.Fprintf(&b, "  - key: k%d\n    rate_limit: {unit: day, requests_per_unit: 0}\n", i)
+	}
+	_, err := compile([]srcFile{{name: "m.yaml", data: []byte(b.String())}}, Options{})
+	var list ErrorList
+	if !errors.As(err, &list) || len(list) != maxErrors+1 || list[maxErrors].Msg != "5 more errors not listed" {
+		t.Fatalf("got %d errors, last %v", len(list), list[len(list)-1])
+	}
+}

@@ -98,7 +98,10 @@ type compiler struct {
 	tooMany   bool
 	pairCount int
 	seenErr   map[Error]bool
-	fileName  string
+	// errors beyond maxErrors are counted, not listed
+	dropped      int
+	firstDropped Position
+	fileName     string
 }
 
 // maxErrors bounds the errors of one load; more are summarized.
@@ -113,12 +116,14 @@ func (c *compiler) errorf(pos Position, format string, args ...any) {
 		return
 	}
 	c.seenErr[*e] = true
-	switch {
-	case len(c.errs) < maxErrors:
-		c.errs = append(c.errs, e)
-	case len(c.errs) == maxErrors:
-		c.errs = append(c.errs, &Error{Pos: pos, Msg: fmt.Sprintf("too many errors (more than %d); stopping", maxErrors)})
+	if len(c.errs) == maxErrors {
+		if c.dropped == 0 {
+			c.firstDropped = pos
+		}
+		c.dropped++
+		return
 	}
+	c.errs = append(c.errs, e)
 }
 
 // compile parses, validates and compiles files (in order) into a Config.
@@ -137,6 +142,9 @@ func compile(files []srcFile, opts Options) (*Config, error) {
 	}
 	if len(c.errs) > 0 {
 		c.errs.sort()
+		if c.dropped > 0 {
+			c.errs = append(c.errs, &Error{Pos: c.firstDropped, Msg: fmt.Sprintf("%d more errors not listed", c.dropped)})
+		}
 		return nil, c.errs
 	}
 	return newConfig(c.order, digest(files)), nil
