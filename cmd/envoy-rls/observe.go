@@ -47,9 +47,10 @@ func requestMetrics(m *metrics.Metrics, now func() time.Time) grpc.UnaryServerIn
 	}
 }
 
-// recordReload turns a watcher event into metrics; initial marks the load
-// at start.
-func recordReload(m *metrics.Metrics, initial bool, ev descriptors.ReloadEvent) {
+// recordReload turns a watcher event into metrics; the load at start sets
+// the gauges but is not counted as a reload.
+func recordReload(m *metrics.Metrics, ev descriptors.ReloadEvent) {
+	initial := ev.Trigger == descriptors.TriggerInitial
 	switch ev.Outcome {
 	case descriptors.Loaded:
 		rules := map[string]int{}

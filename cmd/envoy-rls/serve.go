@@ -142,12 +142,11 @@ func serve(ctx context.Context, o serveOptions, log *slog.Logger, hup <-chan os.
 		Load:     descriptors.Options{MergeDomains: o.mergeDomains},
 		Interval: o.reloadInterval,
 		Logger:   log,
-		OnReload: func(ev descriptors.ReloadEvent) { recordReload(m, false, ev) },
+		OnReload: func(ev descriptors.ReloadEvent) { recordReload(m, ev) },
 	})
 	if err != nil {
 		return fmt.Errorf("loading %s: %w", o.configDir, err)
 	}
-	recordReload(m, true, descriptors.ReloadEvent{Time: time.Now(), Outcome: descriptors.Loaded, Config: watcher.Current()})
 	for _, d := range watcher.Current().Domains() {
 		log.Info("domain loaded", "domain", d.Domain, "rules", d.Rules, "limits", d.Limits, "file", d.File)
 	}

@@ -160,7 +160,7 @@ type Request struct {
 	// with AppendKeyPart; backends add the Limit's algorithm and window
 	// when they derive storage keys, so changing a rule's window starts a
 	// fresh counter.
-	Key string
+	Key   string
 	Limit Limit
 	// Hits is how many units this request consumes. 0 checks whether one
 	// more hit would be admitted, without consuming anything.
