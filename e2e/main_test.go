@@ -50,11 +50,19 @@ func repoRoot(t testing.TB) string {
 }
 
 // envoyRLSBinary returns the path of envoy-rls built from ./cmd/envoy-rls,
-// building it on first use. A failed build fails every test that needs it.
+// building it on first use; $ENVOY_RLS_BIN, when set, names a prebuilt binary
+// to test instead. A failed build fails every test that needs it.
 func envoyRLSBinary(t testing.TB) string {
 	t.Helper()
 	root := repoRoot(t)
 	envoyRLSBuild.once.Do(func() {
+		if bin := os.Getenv("ENVOY_RLS_BIN"); bin != "" {
+			envoyRLSBuild.path, envoyRLSBuild.err = bin, nil
+			if _, err := os.Stat(bin); err != nil {
+				envoyRLSBuild.err = fmt.Errorf("ENVOY_RLS_BIN: %w", err)
+			}
+			return
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
 		out := filepath.Join(binDir, "envoy-rls")
