@@ -31,8 +31,9 @@ type Backend struct {
 	scripts *scripts
 	scratch sync.Pool // *batch
 	// flags are check.lua's ARGV[2] without and with the no-consumption
-	// figures: "<alt> <expiry slack ms>".
-	flags [2]string
+	// figures: "<alt> <expiry slack ms>", boxed once so that a call does
+	// not allocate for them.
+	flags [2]any
 
 	refundErrors atomic.Uint64
 }
@@ -101,7 +102,7 @@ func newBackend(c redis.UniversalClient, opts Options) (*Backend, error) {
 	if b.now != nil {
 		slack = strconv.FormatInt(injectedClockSlack.Milliseconds(), 10)
 	}
-	b.flags = [2]string{"0 " + slack, "1 " + slack}
+	b.flags = [2]any{"0 " + slack, "1 " + slack}
 	b.cluster, _ = c.(*redis.ClusterClient)
 	b.scratch.New = func() any { return new(batch) }
 	return b, nil
