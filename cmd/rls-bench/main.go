@@ -129,7 +129,7 @@ func parseLoad(args []string, stderr io.Writer) (loadConfig, error) {
 	fs.BoolVar(&cfg.selfTest, "self-test", false, "first run the same load against a do-nothing server in this process and report the target as a fraction of it")
 	fs.BoolVar(&cfg.selfTest, "ceiling", false, "alias of --self-test")
 	fs.StringVar(&cfg.ceilingAddr, "ceiling-addr", "", "like --self-test, but against a do-nothing server at this address (rls-bench serve-noop)")
-	fs.BoolVar(&cfg.isCeiling, "is-ceiling", false, "mark this run as a ceiling run (the target is a do-nothing server), for `rls-bench report`")
+	fs.BoolVar(&cfg.isCeiling, "is-ceiling", false, "mark this run as a ceiling run (the target is a do-nothing server), for the report subcommand")
 	fs.Var(&cpus, "cpu", "name=pid (or name=self): report that process's CPU µs per request over the measured phase; repeatable")
 	fs.Uint64Var(&o.Seed, "seed", 0, "seed of the random indexes (0: random)")
 	fs.Usage = func() {

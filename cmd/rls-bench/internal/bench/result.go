@@ -26,7 +26,7 @@ type Result struct {
 	Scheduled   int64            `json:"scheduled,omitempty"`       // open loop: requests scheduled
 	Requests    int64            `json:"requests"`                  // calls completed (OK + OVER_LIMIT + errors)
 	ElapsedS    float64          `json:"elapsed_s"`                 // measured phase, start to last answer
-	RPS         float64          `json:"rps"`                       // Requests / ElapsedS
+	RPS         float64          `json:"rps"`                       // answers (OK + OVER_LIMIT) per second of ElapsedS; errors do not count
 	P50         float64          `json:"p50_ms"`                    //
 	P90         float64          `json:"p90_ms"`                    //
 	P99         float64          `json:"p99_ms"`                    //
@@ -50,8 +50,10 @@ type Result struct {
 	CPU []CPUUse `json:"cpu,omitempty"`
 }
 
-// CPUUse is one probed process's CPU time over the measured phase. The
-// reading comes from /proc in 10 ms ticks, so short runs are coarse.
+// CPUUse is one probed process's CPU time over the measured phase, and that
+// time per answered request (OK + OVER_LIMIT: a request that failed, perhaps
+// before reaching the server, is not counted). The reading comes from /proc
+// in 10 ms ticks, so short runs are coarse.
 type CPUUse struct {
 	Name         string  `json:"name"`
 	Seconds      float64 `json:"seconds"`
@@ -87,14 +89,15 @@ func newResult(o Options, m measurement, before, after []time.Duration) *Result 
 	for _, v := range m.errs {
 		r.Errors += v
 	}
+	answered := r.OK + r.OverLimit
 	if r.ElapsedS > 0 {
-		r.RPS = float64(r.Requests) / r.ElapsedS
+		r.RPS = float64(answered) / r.ElapsedS
 	}
 	for i, p := range o.CPU {
 		used := after[i] - before[i]
 		u := CPUUse{Name: p.Name, Seconds: used.Seconds()}
-		if r.Requests > 0 {
-			u.MicrosPerReq = float64(used.Microseconds()) / float64(r.Requests)
+		if answered > 0 {
+			u.MicrosPerReq = float64(used.Microseconds()) / float64(answered)
 		}
 		r.CPU = append(r.CPU, u)
 	}

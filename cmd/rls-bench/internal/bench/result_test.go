@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestResultsJSONRoundTripAndCeilings(t *testing.T) {
@@ -92,5 +93,30 @@ func TestParseCPUProbeAndRead(t *testing.T) {
 	}
 	if _, err := procCPU(1 << 30); err == nil {
 		t.Errorf("procCPU of a non-existent pid: no error")
+	}
+}
+
+func TestNewResultCountsAnswersOnly(t *testing.T) {
+	var m measurement
+	for _, ns := range []int64{1e6, 2e6, 3e6, 4e6, 5e6, 6e6, 7e6, 8e6} {
+		m.hist.Record(ns)
+	}
+	m.ok, m.overLimit = 3, 1
+	m.errs = map[string]int64{"Unavailable": 3, "DeadlineExceeded": 1}
+	m.elapsed = 2 * time.Second
+	o, err := Options{Addr: "x:1", Descriptors: []Template{{}}, CPU: []CPUProbe{{Name: "rls"}}}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newResult(o, m, []time.Duration{time.Second}, []time.Duration{time.Second + 4*time.Millisecond})
+	answered := float64(m.ok + m.overLimit)
+	if r.Requests != 8 || r.Errors != 4 || r.RPS != answered/2 {
+		t.Errorf("requests=%d errors=%d rps=%v, want 8, 4, %v (answers only)", r.Requests, r.Errors, r.RPS, answered/2)
+	}
+	if len(r.CPU) != 1 || r.CPU[0].MicrosPerReq != 4000/answered || r.CPU[0].Seconds != 0.004 {
+		t.Errorf("cpu = %+v, want 4 ms over %v answers", r.CPU, answered)
+	}
+	if r.Max != 8 || r.P50 < 4 || r.P50 > 4*(1+1.0/subCount) {
+		t.Errorf("max=%v p50=%v, want 8 and about 4 (ms)", r.Max, r.P50)
 	}
 }
