@@ -21,7 +21,7 @@ func checkConfigMain(args []string, stdout, stderr io.Writer) error {
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
-		return usageError{}
+		return parseError(err)
 	}
 	if fs.NArg() == 0 {
 		fs.Usage()

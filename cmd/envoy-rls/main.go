@@ -17,6 +17,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -59,7 +60,7 @@ func run(args []string, stdout, stderr io.Writer, lookupEnv func(string) (string
 	}
 	var ue usageError
 	switch {
-	case err == nil:
+	case err == nil, errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.As(err, &ue):
 		if ue.msg != "" {
@@ -84,3 +85,13 @@ const topUsage = `Usage:
 type usageError struct{ msg string }
 
 func (e usageError) Error() string { return e.msg }
+
+// parseError turns a flag parsing error into the command's result: -h is a
+// success (the usage was printed), anything else a usage error (the flag
+// package printed what was wrong).
+func parseError(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return usageError{}
+}

@@ -50,7 +50,7 @@ func queryMain(args []string, stdout, stderr io.Writer) error {
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
-		return usageError{}
+		return parseError(err)
 	}
 	if len(descs) == 0 {
 		fs.Usage()

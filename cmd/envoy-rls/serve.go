@@ -69,7 +69,7 @@ func parseServeFlags(args []string, stderr io.Writer, lookupEnv func(string) (st
 	var o serveOptions
 	fs := newServeFlags(&o, stderr)
 	if err := fs.Parse(args); err != nil {
-		return o, usageError{}
+		return o, parseError(err)
 	}
 	if fs.NArg() > 0 {
 		return o, usageError{msg: fmt.Sprintf("serve takes no arguments, got %q", fs.Args())}

@@ -68,6 +68,7 @@ var badCases = []struct{ file, at, msg string }{
 	{"second_document", "4:1", "a second YAML document"},
 	{"shadow_mode_not_bool", "5:18", `shadow_mode must be true or false, got the string "maybe"`},
 	{"sliding_log_too_many", "7:26", "requests_per_unit 10001 is too large for sliding_log (maximum 10000)"},
+	{"token_bucket_too_precise", "5:7", "token_bucket burst 1000000000 × window 31536000000ms exceeds"},
 	{"unit_and_window", "6:7", "rate_limit has both unit and window: use one"},
 	{"unknown_algorithm", "7:18", `unknown algorithm "leaky_bucket"`},
 	{"unknown_failure_mode", "7:21", `unknown failure_mode "open"`},

@@ -786,6 +786,15 @@ func (c *compiler) limit(n *yaml.Node, multi bool) parsedLimit {
 			l.Limit.Burst = v
 		}
 	}
+	if ok && l.Limit.Algorithm == limiter.TokenBucket {
+		// The token bucket counts in exact integers of 1/requests ms; the
+		// largest, burst × window in ms, must fit Lua's exact integers.
+		if ms := uint64(l.Limit.Window / time.Millisecond); l.Limit.Capacity() > MaxRequests/ms {
+			c.errorf(c.pos(n), "token_bucket burst %d × window %dms exceeds %d, the largest integer Redis's Lua numbers hold exactly: lower the burst or shorten the window",
+				l.Limit.Capacity(), ms, int64(MaxRequests))
+			ok = false
+		}
+	}
 	if ok {
 		if err := l.Limit.Validate(); err != nil { // defence in depth; unreachable
 			c.errorf(c.pos(n), "%v", err)
