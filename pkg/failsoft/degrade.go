@@ -25,11 +25,9 @@ var veto = limiter.Request{
 }
 
 // degrade decides the batch by each request's failure mode after the primary
-// could not (cause says why). It fails only when a request is malformed or
+// could not. It fails only when a request is malformed or
 // the fallback limiter itself fails.
-func (l *Limiter) degrade(ctx context.Context, reqs []limiter.Request, results []limiter.Result, cause error) error {
-	l.enterDegraded(cause)
-
+func (l *Limiter) degrade(ctx context.Context, reqs []limiter.Request, results []limiter.Result) error {
 	denied := false // a non-shadow deny-mode request vetoes the batch
 	nfb := 0
 	for i := range reqs {

@@ -24,7 +24,7 @@ const (
 	DefaultHeartbeatInterval = 5 * time.Second
 	// DefaultDeadlineMargin is the time kept back from the caller's
 	// deadline for the fallback decision and the way back to Envoy.
-	DefaultDeadlineMargin = 2 * time.Millisecond
+	DefaultDeadlineMargin = 5 * time.Millisecond
 
 	// DefaultConsecutiveFailures opens the breaker after that many store
 	// failures in a row.
@@ -124,8 +124,11 @@ type Options struct {
 	// DeadlineMargin is kept back from the caller's deadline: the primary
 	// is called with a deadline of (caller's deadline − DeadlineMargin), so
 	// that a slow store still leaves time for a fallback answer. Default
-	// 2ms: a fallback decision takes microseconds; the rest is for
-	// scheduling delays and the way back to Envoy.
+	// 5ms: a healthy Redis answers in about a millisecond, so 15 of Envoy's
+	// default 20 ms lose nothing; a fallback decision takes microseconds,
+	// and the rest absorbs GC pauses, scheduling delays and the way back
+	// to Envoy. With a caller deadline less than the margin away, the
+	// store is not asked at all.
 	DeadlineMargin time.Duration
 	// Timeout, when positive, also bounds every primary call (for callers
 	// without a deadline). Default 0: only the caller's deadline and the
@@ -166,9 +169,12 @@ type Limiter struct {
 
 	cb *gobreaker.TwoStepCircuitBreaker[struct{}]
 
-	live     atomic.Int64 // learned number of live instances (≥ 1)
-	degraded atomic.Bool  // decisions are being made by failure_mode
-	since    atomic.Int64 // Now().UnixNano() when degraded became true
+	live        atomic.Int64 // learned number of live instances (≥ 1)
+	openTimeout time.Duration
+
+	degraded atomic.Bool           // the breaker is not closed
+	since    atomic.Int64          // Now().UnixNano() when the breaker left closed
+	lastErr  atomic.Pointer[error] // the latest store failure, for the outage log
 }
 
 // errExcluded marks a primary call whose outcome says nothing about the
@@ -226,6 +232,7 @@ func New(o Options) (*Limiter, error) {
 		margin:         o.DeadlineMargin,
 		timeout:        o.Timeout,
 		denyRetryAfter: o.DenyRetryAfter,
+		openTimeout:    b.OpenTimeout,
 		now:            o.Now,
 		log:            o.Logger,
 		obs:            o.Observer,
@@ -305,8 +312,8 @@ func (l *Limiter) Instances() int {
 // State returns the breaker's state: "closed", "half-open" or "open".
 func (l *Limiter) State() string { return l.cb.State().String() }
 
-// FallbackActive reports whether the last decisions were made by
-// failure_mode because the store was unavailable.
+// FallbackActive reports whether the store is considered unavailable: the
+// breaker is open or half-open, so most decisions are made by failure_mode.
 func (l *Limiter) FallbackActive() bool { return l.degraded.Load() }
 
 // Check implements limiter.Limiter. It returns an error only for a malformed
@@ -322,7 +329,7 @@ func (l *Limiter) Check(ctx context.Context, reqs []limiter.Request, results []l
 	if err != nil {
 		// Open, or half-open with its probes already in flight.
 		l.obs.StoreError("circuit_open")
-		return l.degrade(ctx, reqs, results, fmt.Errorf("%w: circuit breaker: %w", limiter.ErrUnavailable, err))
+		return l.degrade(ctx, reqs, results)
 	}
 	pctx, cancel, ok := l.primaryContext(ctx)
 	if !ok {
@@ -332,7 +339,7 @@ func (l *Limiter) Check(ctx context.Context, reqs []limiter.Request, results []l
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		return l.degrade(ctx, reqs, results, fmt.Errorf("%w: less than %v left before the deadline", limiter.ErrUnavailable, l.margin))
+		return l.degrade(ctx, reqs, results)
 	}
 	err = l.primary.Check(pctx, reqs, results)
 	shortened := pctx.Err() != nil
@@ -340,9 +347,6 @@ func (l *Limiter) Check(ctx context.Context, reqs []limiter.Request, results []l
 	switch {
 	case err == nil:
 		done(nil)
-		if l.degraded.Load() {
-			l.maybeRecovered()
-		}
 		return nil
 	case errors.Is(ctx.Err(), context.Canceled):
 		// The caller gave up: nobody waits for an answer, and the
@@ -351,9 +355,10 @@ func (l *Limiter) Check(ctx context.Context, reqs []limiter.Request, results []l
 		return err
 	case errors.Is(err, limiter.ErrUnavailable),
 		shortened && errors.Is(err, context.DeadlineExceeded):
+		l.lastErr.Store(&err) // the cause the breaker logs if this call opens it
 		done(err)
 		l.obs.StoreError(errorKind(err))
-		return l.degrade(ctx, reqs, results, err)
+		return l.degrade(ctx, reqs, results)
 	default:
 		// The batch is malformed, or the primary failed in a way that is
 		// not an outage: not the store's health, and not ours to hide.
@@ -385,37 +390,31 @@ func (l *Limiter) primaryContext(ctx context.Context) (context.Context, context.
 	return pctx, cancel, true
 }
 
-// maybeRecovered ends the degraded state once the breaker is closed again
-// (after the half-open probes succeeded), so a single successful probe does
-// not log a recovery that the next saturated half-open call undoes.
-func (l *Limiter) maybeRecovered() {
-	if l.cb.State() != gobreaker.StateClosed {
-		return
-	}
-	if !l.degraded.CompareAndSwap(true, false) {
-		return
-	}
-	outage := l.now().Sub(time.Unix(0, l.since.Load()))
-	l.log.Info("store recovered", "outage", outage.Round(time.Millisecond))
-	l.obs.FallbackActive(false)
-}
-
-// enterDegraded logs and reports the start of an outage once.
-func (l *Limiter) enterDegraded(cause error) {
-	if l.degraded.Load() {
-		return
-	}
-	if !l.degraded.CompareAndSwap(false, true) {
-		return
-	}
-	l.since.Store(l.now().UnixNano())
-	l.log.Warn("store unavailable: deciding by failure_mode", "error", cause, "instances", l.Instances())
-	l.obs.FallbackActive(true)
-}
-
+// breakerChanged is the breaker's OnStateChange. It runs synchronously
+// inside the breaker (under its lock), from the Check whose outcome caused
+// the transition. Leaving closed starts an outage, returning to closed ends
+// it; half-open ↔ open flips within an outage are logged at debug level.
 func (l *Limiter) breakerChanged(_ string, from, to gobreaker.State) {
-	l.log.Info("circuit breaker state changed", "from", from.String(), "to", to.String())
 	l.obs.BreakerState(to.String())
+	switch {
+	case from == gobreaker.StateClosed:
+		l.since.Store(l.now().UnixNano())
+		l.degraded.Store(true)
+		var cause any = "unknown"
+		if e := l.lastErr.Load(); e != nil {
+			cause = *e
+		}
+		l.log.Warn("store unavailable: deciding by failure_mode", "error", cause,
+			"instances", l.Instances(), "probe_after", l.openTimeout)
+		l.obs.FallbackActive(true)
+	case to == gobreaker.StateClosed:
+		l.degraded.Store(false)
+		outage := l.now().Sub(time.Unix(0, l.since.Load()))
+		l.log.Info("store recovered", "outage", outage.Round(time.Millisecond))
+		l.obs.FallbackActive(false)
+	default:
+		l.log.Debug("circuit breaker state changed", "from", from.String(), "to", to.String())
+	}
 }
 
 type nopObserver struct{}

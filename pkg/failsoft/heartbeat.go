@@ -9,8 +9,10 @@ import (
 // HeartbeatInterval (with a time to live of three intervals) and, unless
 // Options.Instances overrides it, stores the number of live instances the
 // store reports. A failed beat keeps the last known number. Changes are
-// logged once each. Run beats once at once, returns nil when ctx ends, and
-// returns nil at once when there is no Heartbeat. The owner calls it once, in
+// logged once each. Run beats once at once; when ctx ends it withdraws this
+// instance (if the Heartbeat has a Leave(ctx, id) (int, error) method, as
+// pkg/redisbackend's does) and returns nil. It returns nil at once when there
+// is no Heartbeat. The owner calls it once, in
 // its own goroutine, and stops it by cancelling ctx.
 func (l *Limiter) Run(ctx context.Context) error {
 	if l.hb == nil {
@@ -23,9 +25,32 @@ func (l *Limiter) Run(ctx context.Context) error {
 		failing = l.beat(ctx, failing)
 		select {
 		case <-ctx.Done():
+			l.leave(ctx)
 			return nil
 		case <-t.C:
 		}
+	}
+}
+
+// leaver is implemented by a Heartbeat that can withdraw an instance at
+// once (pkg/redisbackend's Leave), so the others' share grows without
+// waiting for the heartbeat to expire.
+type leaver interface {
+	Leave(ctx context.Context, id string) (int, error)
+}
+
+// leave withdraws this instance when the Heartbeat supports it, bounded by
+// one interval.
+func (l *Limiter) leave(ctx context.Context) {
+	lv, ok := l.hb.(leaver)
+	if !ok {
+		return
+	}
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.interval)
+	defer cancel()
+	if _, err := lv.Leave(lctx, l.id); err != nil {
+		l.log.Warn("heartbeat: could not withdraw this instance; it is counted until its heartbeat expires",
+			"error", err, "ttl", 3*l.interval)
 	}
 }
 

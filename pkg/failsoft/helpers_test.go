@@ -285,3 +285,61 @@ func poll(d time.Duration, f func() bool) bool {
 		time.Sleep(10 * time.Millisecond) // polling interval of a bounded wait
 	}
 }
+
+// callerDeadline is the context key under which the tests store the
+// deadline they gave Check, so that spy can compare it with the deadline
+// the primary received.
+type callerDeadline struct{}
+
+// withCallerDeadline returns a context with deadline d that remembers d.
+func withCallerDeadline(d time.Duration) (context.Context, context.CancelFunc) {
+	deadline := time.Now().Add(d)
+	ctx := context.WithValue(context.Background(), callerDeadline{}, deadline)
+	return context.WithDeadline(ctx, deadline)
+}
+
+// spy passes every Check to a real limiter and records, for each call, the
+// caller's deadline, the deadline the primary was given and what it returned.
+type spy struct {
+	next limiter.Limiter
+
+	mu    sync.Mutex
+	calls []spyCall
+}
+
+type spyCall struct {
+	caller, got time.Time
+	err         error
+}
+
+func (s *spy) Check(ctx context.Context, reqs []limiter.Request, results []limiter.Result) error {
+	err := s.next.Check(ctx, reqs, results)
+	c := spyCall{err: err}
+	c.caller, _ = ctx.Value(callerDeadline{}).(time.Time)
+	c.got, _ = ctx.Deadline()
+	s.mu.Lock()
+	s.calls = append(s.calls, c)
+	s.mu.Unlock()
+	return err
+}
+
+// take returns the calls recorded since the last take.
+func (s *spy) take() []spyCall {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.calls
+	s.calls = nil
+	return c
+}
+
+// checkDeadlines fails the test unless every call got the caller's deadline
+// less margin.
+func checkDeadlines(t testing.TB, calls []spyCall, margin time.Duration) {
+	t.Helper()
+	for _, c := range calls {
+		if c.caller.IsZero() || !c.got.Equal(c.caller.Add(-margin)) {
+			t.Errorf("primary got deadline %v for a caller deadline %v, want %v earlier", c.got, c.caller, margin)
+			return
+		}
+	}
+}
