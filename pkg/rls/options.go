@@ -35,7 +35,9 @@ const (
 	//
 	// q is the limit's requests per window, w the window in seconds
 	// (rounded up), r the remaining hits and t the seconds until the window
-	// resets (rounded up).
+	// resets (rounded up). For a token bucket q and w are its rate
+	// (requests_per_unit per window), r the tokens left (at most the burst)
+	// and t the time until the bucket is full again.
 	HeadersIETF HeaderMode = iota
 	// HeadersDraft03 adds the X-RateLimit-* names of draft 03, in the
 	// format Envoy's own enable_x_ratelimit_headers (DRAFT_VERSION_03)
