@@ -70,8 +70,7 @@ func NewFromClient(c redis.UniversalClient, opts Options) (*Backend, error) {
 	if c == nil {
 		return nil, errors.New("redisbackend: nil client")
 	}
-	o := Options{KeyPrefix: opts.KeyPrefix, URL: "redis://client"}
-	if _, err := o.validate(); err != nil {
+	if err := validatePrefix(opts.KeyPrefix); err != nil {
 		return nil, fmt.Errorf("redis options: %w", err)
 	}
 	return newBackend(c, opts)

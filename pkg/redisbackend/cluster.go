@@ -20,9 +20,20 @@ type slotCall struct {
 }
 
 // checkCluster splits the batch by hash slot and runs one check script per
-// slot, in parallel. A slot's script only sees its own requests, so when a
-// slot vetoed the batch the slots that consumed are refunded (refund.lua) and
-// their results report the figures without consumption.
+// slot, in parallel (goroutines owned by this call, joined before it
+// returns). A slot's script only sees its own requests, so when a slot vetoed
+// the batch the slots that consumed are refunded (refund.lua) and their
+// results report the figures without consumption.
+//
+// Consistency: between a slot's check and its refund, other Checks on the
+// refunded counters see the extra count and may be denied although the limit
+// would have admitted them (under-admission, for about one round trip). No
+// Check is ever admitted beyond the limit. When a slot fails (network error,
+// timeout) the batch is an error and the slots that consumed are refunded
+// too; a failed slot whose script did run before its reply was lost stays
+// counted (the Cluster client may also re-send a command after a connection
+// error), again an over-count, never an over-admission. Failed refunds are
+// counted in RefundErrors.
 func (b *Backend) checkCluster(ctx context.Context, reqs []limiter.Request, results []limiter.Result) error {
 	calls := b.groupBySlot(reqs)
 	if len(calls) == 1 {

@@ -254,3 +254,34 @@ func TestTLSConfig(t *testing.T) {
 		}
 	}
 }
+
+func TestNewFromClient(t *testing.T) {
+	r := testenv.RedisServer(t)
+	if _, err := NewFromClient(nil, Options{}); err == nil {
+		t.Error("NewFromClient(nil) succeeded")
+	}
+	if _, err := NewFromClient(r.Client(), Options{KeyPrefix: "{x}:"}); err == nil {
+		t.Error("NewFromClient with a braced prefix succeeded")
+	}
+	b, err := NewFromClient(r.Client(), Options{KeyPrefix: "own:", Timeout: testTimeout})
+	if err != nil {
+		t.Fatalf("NewFromClient: %v", err)
+	}
+	ctx := context.Background()
+	res := make([]limiter.Result, 1)
+	req := []limiter.Request{{Key: key("k"), Limit: limiter.Limit{Requests: 1, Window: time.Minute}, Hits: 1}}
+	if err := b.Check(ctx, req, res); err != nil || !res[0].Allowed {
+		t.Fatalf("Check = %v, %+v", err, res[0])
+	}
+	if err := b.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	// The caller's client stays open.
+	if err := r.Client().Ping(ctx).Err(); err != nil {
+		t.Errorf("client closed by Backend.Close: %v", err)
+	}
+	n, err := r.Client().Keys(ctx, "own:*").Result()
+	if err != nil || len(n) != 1 {
+		t.Errorf("keys under the prefix = %v, %v; want one", n, err)
+	}
+}

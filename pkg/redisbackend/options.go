@@ -106,13 +106,21 @@ func (o *Options) validate() (topology, error) {
 			break
 		}
 	}
-	if strings.ContainsAny(o.KeyPrefix, "{}") {
-		errs = append(errs, fmt.Errorf("--redis.key-prefix %q must not contain '{' or '}'", o.KeyPrefix))
+	if err := validatePrefix(o.KeyPrefix); err != nil {
+		errs = append(errs, err)
 	}
 	if o.PoolSize < 0 {
 		errs = append(errs, fmt.Errorf("--redis.pool-size %d is negative", o.PoolSize))
 	}
 	return topo, errors.Join(errs...)
+}
+
+// validatePrefix rejects a key prefix that would take over the hash tag.
+func validatePrefix(p string) error {
+	if strings.ContainsAny(p, "{}") {
+		return fmt.Errorf("--redis.key-prefix %q must not contain '{' or '}'", p)
+	}
+	return nil
 }
 
 // newClient builds the go-redis client of the validated topology.
