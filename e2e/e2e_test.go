@@ -284,61 +284,26 @@ func TestRedisDownFollowsEachRulesFailureMode(t *testing.T) {
 	checkOK(t, get(t, s.Envoy.URL, "/"), "per_ip", perIP, perIP-1)
 	s.Redis.Stop()
 
-	// expensive_per_ip has failure_mode deny. The first calls after Redis
-	// died may outlast Envoy's 50 ms timeout while envoy-rls detects the
-	// outage (Envoy then fails open); once it knows, it denies.
-	failOpen := 0
-	var r reply
-	for range 50 {
-		r = get(t, s.Envoy.URL, "/expensive")
-		if r.Status == http.StatusTooManyRequests {
-			break
-		}
-		if r.Status != http.StatusOK || r.Header.Get("X-Ratelimit-Limit") != "" {
-			t.Fatalf("Redis down, /expensive: want a 429 or an Envoy fail-open 200, got %v", r)
-		}
-		failOpen++
+	// expensive_per_ip has failure_mode deny: denied at once, and again.
+	for range 2 {
+		checkLimited(t, get(t, s.Envoy.URL, "/expensive"), "expensive_per_ip", expensive)
 	}
-	t.Logf("Redis down: %d request(s) failed open at Envoy before envoy-rls answered by failure mode", failOpen)
-	if r.Status != http.StatusTooManyRequests || r.Header.Get("X-Envoy-Ratelimited") != "true" {
-		t.Fatalf("Redis down, /expensive (failure_mode deny): want 429, got %v", r)
-	}
-	if got := r.Header.Get("Content-Type"); got != "application/problem+json" {
-		t.Errorf("deny 429 content-type = %q, want application/problem+json", got)
-	}
-	checkLimited(t, get(t, s.Envoy.URL, "/expensive"), "expensive_per_ip", expensive)
 
 	// per_ip has failure_mode fallback: the in-process limiter, at this
 	// instance's share (--fallback.instances 1: the whole limit), starting
-	// from an empty count. Envoy keeps serving throughout.
-	admitted := 0
-	for i := 0; ; i++ {
+	// from an empty count (the denied /expensive requests consumed nothing).
+	for i := 1; i <= perIP; i++ {
 		r := get(t, s.Envoy.URL, "/")
-		if r.Status == http.StatusTooManyRequests {
-			checkLimited(t, r, "per_ip", perIP)
-			break
+		if r.Status != http.StatusOK || r.Header.Get("X-Ratelimit-Limit") == "" {
+			t.Fatalf("Redis down, request %d: want a 200 decided by the fallback, got %v", i, r)
 		}
-		if r.Status != http.StatusOK {
-			t.Fatalf("Redis down, /: want 200 or 429, got %v", r)
-		}
-		if r.Header.Get("X-Ratelimit-Limit") != "" {
-			admitted++
-		}
-		if i > 3*perIP {
-			t.Fatalf("Redis down: per_ip never limited after %d requests", i)
+		if got := headerInt(t, r, "X-Ratelimit-Remaining"); got != perIP-i {
+			t.Errorf("Redis down, request %d: x-ratelimit-remaining = %d, want %d", i, got, perIP-i)
 		}
 	}
-	// A request Envoy gave up on may still have been counted by the
-	// fallback, so each fail-open answer may have used one.
-	if admitted > perIP || admitted < perIP-failOpen {
-		t.Errorf("Redis down: the fallback admitted %d requests, want %d (the whole limit) minus at most %d fail-open requests", admitted, perIP, failOpen)
-	}
+	checkLimited(t, get(t, s.Envoy.URL, "/"), "per_ip", perIP)
 	if got := rlsMetric(t, s.RLS, "envoy_rls_fallback_active"); got != "1" {
 		t.Errorf("envoy_rls_fallback_active = %q, want 1", got)
-	}
-	// Envoy itself kept serving: unlimited paths still answer.
-	if r := get(t, s.Envoy.URL, "/expensive-foo", "x-tenant-id", "T"); r.Status != http.StatusTooManyRequests && r.Status != http.StatusOK {
-		t.Errorf("Envoy stopped serving: %v", r)
 	}
 }
 

@@ -196,6 +196,7 @@ func startEnvoy(t testing.TB, rlsGRPCAddr string) *envoy {
 	path := filepath.Join(t.TempDir(), "envoy.yaml")
 	if err := rewriteEnvoyConfig(envoyYAML(t), path, envoyPorts{
 		Admin: admin, Edge: edge, Backend: backend, RLSHost: host, RLSPort: rlsPort,
+		RLSTimeout: testRLSTimeout,
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +219,17 @@ type envoyPorts struct {
 	Admin, Edge, Backend int
 	RLSHost              string
 	RLSPort              int
+	// RLSTimeout, when set, replaces the ratelimit filter's timeout.
+	RLSTimeout time.Duration
 }
+
+// testRLSTimeout replaces envoy.yaml's 50 ms rate-limit timeout in the
+// end-to-end tests. They check decisions, not latency: on a shared, slow
+// machine (and under -race) a cold envoy-rls (first Redis connection, script
+// load) can take longer than 50 ms, and Envoy would then fail open and turn a
+// decision into a plain 200. envoy-rls still bounds its own Redis calls by
+// --redis.timeout.
+const testRLSTimeout = 10 * time.Second
 
 // rewriteEnvoyConfig decodes the Envoy YAML at src, moves admin, the edge and
 // backend listeners, the backend cluster and the envoy_rls cluster (made
@@ -274,11 +285,40 @@ func rewriteEnvoyConfig(src, dst string, p envoyPorts) error {
 			}},
 		}
 	}
+	if p.RLSTimeout > 0 {
+		n := setRateLimitTimeout(listeners["edge"], p.RLSTimeout.String())
+		if n != 1 {
+			return fmt.Errorf("found %d ratelimit filters on listener edge, want 1", n)
+		}
+	}
 	out, err := yaml.Marshal(doc)
 	if err != nil {
 		return err
 	}
 	return os.WriteFile(dst, out, 0o644)
+}
+
+// setRateLimitTimeout sets typed_config.timeout of every HTTP filter named
+// envoy.filters.http.ratelimit below v and returns how many it changed.
+func setRateLimitTimeout(v any, timeout string) int {
+	n := 0
+	switch v := v.(type) {
+	case map[string]any:
+		if v["name"] == "envoy.filters.http.ratelimit" {
+			if tc, ok := v["typed_config"].(map[string]any); ok {
+				tc["timeout"] = timeout
+				return 1
+			}
+		}
+		for _, e := range v {
+			n += setRateLimitTimeout(e, timeout)
+		}
+	case []any:
+		for _, e := range v {
+			n += setRateLimitTimeout(e, timeout)
+		}
+	}
+	return n
 }
 
 // byName indexes the list res[field] of mappings by their "name".
