@@ -89,3 +89,8 @@ type DomainSummary struct {
 	Rules  int
 	Limits int
 }
+
+// Blocked reports whether l is a limit of zero requests, envoyproxy/ratelimit's
+// way to block a value: every request is over the limit, and nothing is
+// counted. Its Limit is not valid for a limiter.Limiter; pkg/rls decides it.
+func (l *Limit) Blocked() bool { return l.Limit.Requests == 0 }

@@ -63,7 +63,6 @@ var badCases = []struct{ file, at, msg string }{
 	{"requests_negative", "6:26", "requests_per_unit must be a positive integer, got -5"},
 	{"requests_string", "6:26", `requests_per_unit must be a positive integer, got the string "ten"`},
 	{"requests_too_large", "6:26", "requests_per_unit 9007199254740992 is too large (maximum 9007199254740991"},
-	{"requests_zero", "8:26", "requests_per_unit must be a positive integer, got 0"},
 	{"root_list", "1:1", "a descriptor file must be a mapping with domain and descriptors, got a list"},
 	{"second_document", "4:1", "a second YAML document"},
 	{"shadow_mode_not_bool", "5:18", `shadow_mode must be true or false, got the string "maybe"`},
@@ -141,7 +140,7 @@ func TestAllErrorsReported(t *testing.T) {
 	}
 	want := []string{
 		`5:24: unknown unit "fortnight"`,
-		"7:51: requests_per_unit must be a positive integer, got 0",
+		"7:51: requests_per_unit must be a positive integer, got -1",
 		"10:9: descriptor has a value but no key",
 		"12:56: burst applies only to algorithm token_bucket",
 	}
@@ -269,7 +268,7 @@ func TestSummary(t *testing.T) {
 		if s.Rules != len(rules) || s.Limits != limits {
 			t.Errorf("%s: summary %+v, counted %d rules %d limits", s.Domain, s, len(rules), limits)
 		}
-		want := fmt.Sprintf("%s: %d rules, %d limits (%s)", s.Domain, len(rules), limits, s.File)
+		want := fmt.Sprintf("%s: %s, %s (%s)", s.Domain, plural(len(rules), "rule"), plural(limits, "limit"), s.File)
 		if lines[i] != want {
 			t.Errorf("line %q, want %q", lines[i], want)
 		}
@@ -704,11 +703,22 @@ func TestTooManyErrors(t *testing.T) {
 	var b strings.Builder
 	b.WriteString("domain: d\ndescriptors:\n")
 	for i := range maxErrors + 5 {
-		fmt.Fprintf(&b, "  - key: k%d\n    rate_limit: {unit: day, requests_per_unit: 0}\n", i)
+		fmt.Fprintf(&b, "  - key: k%d\n    rate_limit: {unit: day, requests_per_unit: -1}\n", i)
 	}
 	_, err := compile([]srcFile{{name: "m.yaml", data: []byte(b.String())}}, Options{})
 	var list ErrorList
 	if !errors.As(err, &list) || len(list) != maxErrors+1 || list[maxErrors].Msg != "5 more errors not listed" {
 		t.Fatalf("got %d errors, last %v", len(list), list[len(list)-1])
+	}
+}
+
+func TestRequestsPerUnitZeroBlocks(t *testing.T) {
+	cfg := loadGood(t)
+	r := cfg.Match("blocked", []Entry{{"remote_address", "50.0.0.5"}})
+	if r == nil || len(r.Limits) != 1 || !r.Limits[0].Blocked() || r.Limits[0].Limit.Window != time.Second {
+		t.Fatalf("Match = %+v, want one blocked limit per second", r)
+	}
+	if r := cfg.Match("blocked", []Entry{{"remote_address", "50.0.0.6"}}); r != nil {
+		t.Errorf("another address matched %+v", r)
 	}
 }

@@ -40,9 +40,10 @@
 // MaxDescriptors descriptors. A window must be positive and a whole number of
 // milliseconds.
 //
-// Differences from envoyproxy/ratelimit: requests_per_unit: 0 (its README's
-// way to block a value) is rejected, because a limit admits at least one
-// request; an explicitly empty value is rejected (leave value out to match
+// requests_per_unit: 0 blocks, as in envoyproxy/ratelimit's README: every
+// request is over the limit and nothing is counted (Limit.Blocked).
+//
+// Differences from envoyproxy/ratelimit: an explicitly empty value is rejected (leave value out to match
 // every value); `*` may appear anywhere in a value, not only at its end; a
 // file with a second YAML document is rejected instead of ignoring it.
 //

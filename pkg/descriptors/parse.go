@@ -383,8 +383,9 @@ func (c *compiler) positive(n *yaml.Node, field string) (uint64, bool) {
 	}
 	switch {
 	case v == 0 && field == "requests_per_unit":
-		c.errorf(c.pos(n), "requests_per_unit must be a positive integer, got 0 (a limit admits at least one request)")
-		return 0, false
+		// envoyproxy/ratelimit's way to block a value: every request is
+		// over the limit (see Limit.Blocked).
+		return 0, true
 	case v <= 0:
 		c.errorf(c.pos(n), "%s must be a positive integer, got %d", field, v)
 		return 0, false
@@ -795,7 +796,7 @@ func (c *compiler) limit(n *yaml.Node, multi bool) parsedLimit {
 			ok = false
 		}
 	}
-	if ok {
+	if ok && !l.Blocked() {
 		if err := l.Limit.Validate(); err != nil { // defence in depth; unreachable
 			c.errorf(c.pos(n), "%v", err)
 			ok = false

@@ -178,6 +178,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		if err := s.lim.Check(ctx, sc.reqs, sc.res); err != nil {
 			return nil, s.limiterError(ctx, req.Domain, err)
 		}
+		sc.unblock()
 	}
 	return s.respond(req, sc), nil
 }
@@ -270,6 +271,7 @@ type reqMeta struct {
 	mult     uint32
 	keyStart int
 	keyEnd   int
+	blocked  bool // a requests_per_unit: 0 limit, sent as 2 hits of 1 request
 }
 
 type replacer struct {
@@ -405,15 +407,23 @@ func (s *Service) plan(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, sc 
 				sc.key = limiter.AppendKeyPart(sc.key, l.ID)
 				sc.key = appendEntries(sc.key, d)
 				unit, mult := reportedUnit(l)
-				sc.reqs = append(sc.reqs, limiter.Request{
+				q := limiter.Request{
 					Limit:       l.Limit,
 					Hits:        hits,
 					Shadow:      s.shadow || r.ShadowMode || refund,
 					FailureMode: l.FailureMode,
-				})
+				}
+				if l.Blocked() {
+					// requests_per_unit: 0 blocks. Asking for more hits than
+					// a one-request limit holds is denied by every backend
+					// without consuming, so the batch stays all-or-nothing
+					// and one store call; unblock restores what is reported.
+					q.Limit.Requests, q.Hits = 1, 2
+				}
+				sc.reqs = append(sc.reqs, q)
 				sc.meta = append(sc.meta, reqMeta{
 					desc: i, rule: r, ruleName: r.Name, name: l.Name, unit: unit, mult: mult,
-					keyStart: start, keyEnd: len(sc.key),
+					keyStart: start, keyEnd: len(sc.key), blocked: l.Blocked(),
 				})
 			}
 		}
@@ -434,6 +444,23 @@ func (s *Service) plan(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, sc 
 	}
 	sc.res = sc.res[:len(sc.reqs)]
 	clear(sc.res)
+}
+
+// unblock restores the reported limit of every blocked limit after Check:
+// zero requests, nothing remaining, whatever decided (a fallback or an
+// allow failure mode may have admitted the stand-in request; a blocked
+// limit is still reported as denied).
+func (sc *scratch) unblock() {
+	for k := range sc.meta {
+		if sc.meta[k].blocked {
+			q, r := &sc.reqs[k], &sc.res[k]
+			q.Limit.Requests = 0
+			r.Remaining = 0
+			if r.Allowed {
+				r.Allowed, r.RetryAfter = false, q.Limit.Window
+			}
+		}
+	}
 }
 
 // isReplaced reports whether another matched rule than owner replaces name.

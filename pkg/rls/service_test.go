@@ -861,3 +861,41 @@ func TestSFString(t *testing.T) {
 		t.Errorf("appendSFString = %s", got)
 	}
 }
+
+// TestBlockedLimit: requests_per_unit: 0, envoyproxy/ratelimit's way to
+// block a value, denies every request, reports a limit of 0, and consumes
+// nothing from the other limits of the request.
+func TestBlockedLimit(t *testing.T) {
+	e := newEnv(t, map[string]string{"b.yaml": `
+domain: b
+descriptors:
+  - key: ip
+    value: 50.0.0.5
+    rate_limit: {unit: minute, requests_per_unit: 0}
+  - key: ip
+    rate_limit: {name: per_ip, unit: minute, requests_per_unit: 2}
+  - key: user
+    rate_limit: {name: per_user, unit: minute, requests_per_unit: 2}
+`}, Options{})
+	for i := range 3 {
+		resp := e.must(request("b", desc("ip", "50.0.0.5"), desc("user", "u")))
+		blocked := resp.Statuses[0]
+		if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || blocked.Code != rlsv3.RateLimitResponse_OVER_LIMIT ||
+			blocked.CurrentLimit.GetRequestsPerUnit() != 0 || blocked.LimitRemaining != 0 {
+			t.Fatalf("request %d: %v", i, resp)
+		}
+		if ra, _ := header(resp, "Retry-After"); ra != "60" {
+			t.Errorf("request %d: Retry-After %q, want 60", i, ra)
+		}
+	}
+	// The blocked requests consumed nothing from per_user: 2 remain.
+	for i := range 2 {
+		resp := e.must(request("b", desc("ip", "50.0.0.6"), desc("user", "u")))
+		if resp.OverallCode != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("unblocked request %d: %v", i, resp)
+		}
+	}
+	if resp := e.must(request("b", desc("user", "u"))); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("per_user admitted a third request: %v", resp)
+	}
+}
