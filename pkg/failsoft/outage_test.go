@@ -91,6 +91,7 @@ type workload struct {
 	fs      *failsoft.Limiter
 	stop    chan struct{}
 	wg      sync.WaitGroup
+	once    sync.Once
 	sources [4]atomic.Int64 // answers by limiter.Source
 	total   atomic.Int64
 	late    atomic.Int64 // answers after the caller's deadline
@@ -103,28 +104,43 @@ type workload struct {
 // modes are the failure modes of the workers, in turn.
 var modes = []limiter.FailureMode{limiter.FailFallback, limiter.FailAllow, limiter.FailDeny}
 
-func startWorkload(fs *failsoft.Limiter) *workload {
+// workLimit is the limit of the workload's keys: never reached in a test, so
+// every decision of the store admits. Its window is 30 days, so the counters
+// do not roll over during a test and can be read back (and limit × window
+// stays within the exact range of the Redis scripts).
+var workLimit = limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 1_000_000, Window: 30 * 24 * time.Hour}
+
+// workKeys returns the keys worker i uses when each worker has n.
+func workKeys(i, n int) []string {
+	keys := make([]string, n)
+	for j := range keys {
+		keys[j] = fmt.Sprintf("worker-%d-%d", i, j)
+	}
+	return keys
+}
+
+// startWorkload starts the workers; each cycles through keys keys of its
+// own with the failure mode modes[i%3].
+func startWorkload(fs *failsoft.Limiter, keys int) *workload {
 	w := &workload{fs: fs, stop: make(chan struct{})}
 	for i := 0; i < workers; i++ {
 		mode := modes[i%len(modes)]
-		req := limiter.Request{
-			Key:         fmt.Sprintf("worker-%d", i),
-			Limit:       limiter.Limit{Requests: 1_000_000, Window: time.Minute},
-			Hits:        1,
-			FailureMode: mode,
+		reqs := make([]limiter.Request, 0, keys)
+		for _, k := range workKeys(i, keys) {
+			reqs = append(reqs, limiter.Request{Key: k, Limit: workLimit, Hits: 1, FailureMode: mode})
 		}
 		w.wg.Add(1)
 		go func() {
 			defer w.wg.Done()
 			tick := time.NewTicker(pace)
 			defer tick.Stop()
-			for {
+			for j := 0; ; j++ {
 				select {
 				case <-w.stop:
 					return
 				case <-tick.C:
 				}
-				w.check(req)
+				w.check(reqs[j%len(reqs)])
 			}
 		}()
 	}
@@ -189,7 +205,14 @@ func (w *workload) degraded() int64 {
 		w.sources[limiter.SourceFailDeny].Load()
 }
 
+// finish stops the workers and reports what went wrong; only the first call
+// does anything, so it may also be deferred.
 func (w *workload) finish(t *testing.T) {
+	t.Helper()
+	w.once.Do(func() { w.report(t) })
+}
+
+func (w *workload) report(t *testing.T) {
 	t.Helper()
 	close(w.stop)
 	w.wg.Wait()
@@ -237,7 +260,8 @@ func runOutage(t *testing.T, f fault) {
 	runDone := make(chan error, 1)
 	go func() { runDone <- fs.Run(runCtx) }()
 
-	w := startWorkload(fs)
+	w := startWorkload(fs, 1)
+	defer w.finish(t)
 	if !poll(20*time.Second, func() bool {
 		return fs.State() == "closed" && w.sources[limiter.SourceStore].Load() > 100
 	}) {
