@@ -91,10 +91,14 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch) *rlsv3.RateL
 			q, r := &sc.reqs[k], &sc.res[k]
 			if s.obs != nil {
 				m := &sc.meta[k]
-				s.obs.ObserveDecision(Decision{
+				d := Decision{
 					Domain: req.Domain, Rule: m.ruleName, Limit: m.name,
 					Outcome: outcomeOf(q, r), Source: r.Source,
-				})
+				}
+				s.obs.ObserveDecision(d)
+				if d.Outcome != OutcomeOK {
+					s.observeDeny(req, sc, d, k) // DenyObserver (deny.go)
+				}
 			}
 			if k != ds.first && sc.moreRestrictive(k, best) {
 				best = k
