@@ -11,8 +11,9 @@
 //
 //   - fallback: the fallback limiter decides, at this instance's share of the
 //     limit: Requests (and a token bucket's Burst) divided by the number N of
-//     live instances, rounded down, at least 1. Result.Source is
-//     limiter.SourceFallback.
+//     live instances, rounded down, at least 1 (see Share). Result.Source is
+//     limiter.SourceFallback, and Remaining is what is left of this
+//     instance's share.
 //   - allow: admitted, Remaining is the limit's capacity, Result.Source is
 //     limiter.SourceFailAllow.
 //   - deny: denied, RetryAfter is Options.DenyRetryAfter, Result.Source is
@@ -27,10 +28,17 @@
 //
 // N is learned through heartbeats (Options.Heartbeat, driven by Run) and kept
 // at its last known value while the store is down; Options.Instances
-// overrides it. A circuit breaker (github.com/sony/gobreaker/v2) stops
-// sending requests to a store that keeps failing and probes it again after
-// BreakerOptions.OpenTimeout; when probes succeed, decisions return to the
-// store. Transitions (store unavailable, store recovered, breaker state, live
-// instance count) are logged once each, not per request, and reported to an
-// optional Observer.
+// overrides it.
+//
+// A circuit breaker (github.com/sony/gobreaker/v2) stops sending requests to
+// a store that keeps failing (BreakerOptions) and lets a few probes through
+// after BreakerOptions.OpenTimeout; when they succeed it closes and decisions
+// return to the store. An outage is the time the breaker is not closed: it is
+// logged once when it starts ("store unavailable: deciding by failure_mode",
+// with the error that tripped the breaker) and once when it ends ("store
+// recovered", with its length), and reported through Observer.FallbackActive.
+// A single failed call while the breaker is closed is answered by failure
+// mode and counted (Observer.StoreError) but not logged. One breaker guards
+// the whole store: in Cluster mode a lost master can trip it for every key
+// for an OpenTimeout at a time.
 package failsoft

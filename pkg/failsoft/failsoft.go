@@ -355,7 +355,8 @@ func (l *Limiter) Check(ctx context.Context, reqs []limiter.Request, results []l
 		return err
 	case errors.Is(err, limiter.ErrUnavailable),
 		shortened && errors.Is(err, context.DeadlineExceeded):
-		l.lastErr.Store(&err) // the cause the breaker logs if this call opens it
+		cause := err            // a copy, so that err itself stays off the heap
+		l.lastErr.Store(&cause) // the cause the breaker logs if this call opens it
 		done(err)
 		l.obs.StoreError(errorKind(err))
 		return l.degrade(ctx, reqs, results)

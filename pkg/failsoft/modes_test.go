@@ -17,7 +17,9 @@ import (
 
 // deadStore returns a real redisbackend pointing at a loopback port nobody
 // listens on: every call fails with connection refused.
-func deadStore(t *testing.T) *redisbackend.Backend {
+func deadStore(t *testing.T) *redisbackend.Backend { return deadStoreB(t) }
+
+func deadStoreB(t testing.TB) *redisbackend.Backend {
 	t.Helper()
 	return newRedisBackend(t, redisbackend.Options{URL: "redis://" + testenv.FreeAddr(t)})
 }
