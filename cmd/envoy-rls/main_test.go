@@ -24,7 +24,7 @@ func TestCheckConfigShippedExample(t *testing.T) {
 
 func TestCheckConfigReportsEveryErrorWithPosition(t *testing.T) {
 	dir := t.TempDir()
-	writeFile(t, filepath.Join(dir, "a.yaml"), "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 0}\n  - kee: x\n")
+	writeFile(t, filepath.Join(dir, "a.yaml"), "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: -1}\n  - kee: x\n")
 	code, out, _ := runCmd("check-config", dir)
 	if code != 1 {
 		t.Fatalf("exit %d, want 1\n%s", code, out)
