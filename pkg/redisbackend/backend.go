@@ -152,7 +152,15 @@ func (b *Backend) Check(ctx context.Context, reqs []limiter.Request, results []l
 	ctx, cancel := b.bound(ctx)
 	defer cancel()
 	if b.cluster != nil {
-		return b.checkCluster(ctx, reqs, results)
+		err := b.checkCluster(ctx, reqs, results)
+		if err != nil {
+			// A failed node may have been replaced by its replica: refresh
+			// the slot map now rather than at go-redis's next periodic
+			// reload (about a minute). The reload is asynchronous and
+			// coalesced by go-redis, so a burst of failures costs one.
+			b.cluster.ReloadState(ctx)
+		}
+		return err
 	}
 	_, _, err := b.call(ctx, reqs, nil, results, nil)
 	return err

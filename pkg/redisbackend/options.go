@@ -131,7 +131,10 @@ func validatePrefix(p string) error {
 // decides. The Cluster client still follows MOVED/ASK/TRYAGAIN redirections
 // (MaxRedirects, go-redis's default 3), which is safe because a redirected
 // command did not run. Deadlines of the context apply to the network I/O
-// (ContextTimeoutEnabled).
+// (ContextTimeoutEnabled). A refused dial is not retried (DialerRetries 1;
+// go-redis's default of 5 with backoff would turn a refused connection into
+// a timeout that uses up the caller's deadline): the circuit breaker above
+// decides when to try again.
 func (o *Options) newClient(topo topology) (redis.UniversalClient, error) {
 	switch topo {
 	case topoCluster:
@@ -142,6 +145,7 @@ func (o *Options) newClient(topo topology) (redis.UniversalClient, error) {
 			TLSConfig:             o.TLS,
 			PoolSize:              o.PoolSize,
 			MaxRetries:            -1,
+			DialerRetries:         1,
 			ContextTimeoutEnabled: true,
 		}), nil
 	case topoSentinel:
@@ -155,6 +159,7 @@ func (o *Options) newClient(topo topology) (redis.UniversalClient, error) {
 			TLSConfig:             o.TLS,
 			PoolSize:              o.PoolSize,
 			MaxRetries:            -1,
+			DialerRetries:         1,
 			ContextTimeoutEnabled: true,
 		}), nil
 	default:
@@ -175,6 +180,7 @@ func (o *Options) newClient(topo topology) (redis.UniversalClient, error) {
 			ro.PoolSize = o.PoolSize
 		}
 		ro.MaxRetries = -1
+		ro.DialerRetries = 1
 		ro.ContextTimeoutEnabled = true
 		return redis.NewClient(ro), nil
 	}
