@@ -44,7 +44,7 @@ func (o *storeOptions) register(fs *flag.FlagSet) {
 	fs.BoolVar(&o.redisTLSInsecure, "redis.tls.insecure-skip-verify", false, "do not verify the Redis certificate (testing only)")
 	fs.IntVar(&o.redisPoolSize, "redis.pool-size", 0, "connections per Redis node (0: 10 per CPU)")
 	fs.StringVar(&o.redisKeyPrefix, "redis.key-prefix", "rls:", "prefix of every Redis key")
-	fs.DurationVar(&o.redisTimeout, "redis.timeout", 25*time.Millisecond, "upper bound of one Redis call, kept well under Envoy's rate-limit timeout so a slow Redis becomes a failure_mode answer in time; the incoming gRPC deadline (minus 2ms) may shorten it")
+	fs.DurationVar(&o.redisTimeout, "redis.timeout", 25*time.Millisecond, "upper bound of one Redis call, kept well under Envoy's rate-limit timeout so a slow Redis becomes a failure_mode answer in time; the incoming gRPC deadline (minus 5ms) may shorten it")
 	fs.IntVar(&o.fallbackInstances, "fallback.instances", 0, "number of envoy-rls instances sharing the limits while Redis is unavailable (0: learn it from Redis heartbeats)")
 }
 
