@@ -16,7 +16,6 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/envoy-rls/envoy-rls/internal/testenv"
-	"github.com/envoy-rls/envoy-rls/pkg/algorithm"
 	"github.com/envoy-rls/envoy-rls/pkg/failsoft"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
 	"github.com/envoy-rls/envoy-rls/pkg/memorybackend"
@@ -116,56 +115,6 @@ func (h *logs) count(msg string) int {
 		}
 	}
 	return n
-}
-
-// model is the reference of the batch semantics for the fallback limiter:
-// pkg/algorithm applied as the package documentation of pkg/limiter says,
-// written plainly. forceDeny decides the batch as denied whatever the
-// requests' own decisions (a deny-mode request vetoed it). Not safe for
-// concurrent use.
-type model struct {
-	states map[string]algorithm.State
-}
-
-func newModel() *model { return &model{states: make(map[string]algorithm.State)} }
-
-func modelID(r limiter.Request) string {
-	return fmt.Sprintf("%q/%v/%v", r.Key, r.Limit.Algorithm, r.Limit.Window)
-}
-
-func (m *model) check(now int64, reqs []limiter.Request, forceDeny bool) []limiter.Result {
-	res := make([]limiter.Result, len(reqs))
-	tent := make(map[string]algorithm.State)
-	ok := !forceDeny
-	for i, r := range reqs {
-		id := modelID(r)
-		s, seen := tent[id]
-		if !seen {
-			s = m.states[id]
-		}
-		d, ns := algorithm.Decide(r.Limit, s, now, r.Hits)
-		res[i] = limiter.Result{Allowed: d.Allowed, Remaining: d.Remaining, ResetAfter: d.ResetAfter,
-			RetryAfter: d.RetryAfter, Source: limiter.SourceFallback}
-		if d.Allowed && r.Hits > 0 {
-			tent[id] = ns
-		} else {
-			tent[id] = s
-		}
-		if !d.Allowed && !r.Shadow {
-			ok = false
-		}
-	}
-	if ok {
-		for id, s := range tent {
-			m.states[id] = s
-		}
-		return res
-	}
-	for i, r := range reqs {
-		d, _ := algorithm.Decide(r.Limit, m.states[modelID(r)], now, 0)
-		res[i].Remaining, res[i].ResetAfter = d.Remaining, d.ResetAfter
-	}
-	return res
 }
 
 // newRedisBackend returns a redisbackend on addr, closed when the test ends.

@@ -32,7 +32,7 @@ var denyRetryAfter = max(failsoft.DefaultOpenTimeout, time.Second)
 // store is down: fallback requests by the model at their share of n
 // instances, vetoed by a non-shadow deny-mode request; allow and deny as
 // documented.
-func expect(m *model, now int64, n int, reqs []limiter.Request) []limiter.Result {
+func expect(m *limitertest.Model, now int64, n int, reqs []limiter.Request) []limiter.Result {
 	want := make([]limiter.Result, len(reqs))
 	var sub []limiter.Request
 	var at []int
@@ -52,7 +52,9 @@ func expect(m *model, now int64, n int, reqs []limiter.Request) []limiter.Result
 			denied = denied || !r.Shadow
 		}
 	}
-	for j, res := range m.check(now, sub, denied) {
+	got, _ := m.Check(now, sub, denied)
+	for j, res := range got {
+		res.Source = limiter.SourceFallback
 		want[at[j]] = res
 	}
 	return want
@@ -80,7 +82,7 @@ func TestModesAgainstModelWithDeadStore(t *testing.T) {
 		{Algorithm: limiter.FixedWindow, Requests: 2, Window: time.Second}, // share rounds to 1
 	}
 	keys := []string{"a", "b", "c"}
-	m := newModel()
+	m := limitertest.NewModel()
 	rng := rand.New(rand.NewPCG(7, 11))
 	sources := map[limiter.Source]int{}
 	for step := 0; step < 400; step++ {
@@ -157,7 +159,7 @@ func TestModesAgainstModelWithDeadStore(t *testing.T) {
 func TestDenyVetoesFallbackConsumption(t *testing.T) {
 	clock := limitertest.NewClock(time.UnixMilli(1_700_000_000_000))
 	fs := newFailsoft(t, failsoft.Options{Primary: deadStore(t), Fallback: newMemory(t, clock.Now), Instances: 2})
-	m := newModel()
+	m := limitertest.NewModel()
 	lim := limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 10, Window: time.Minute}
 	fb := limiter.Request{Key: "k", Limit: lim, Hits: 3}
 	big := limiter.Request{Key: "k2", Limit: lim, Hits: 6} // over its share of 5: denied on its own

@@ -92,14 +92,14 @@ func Hammer(t *testing.T, limiters []limiter.Limiter, clock *Clock, o HammerOpti
 	perG := int(2*lim.Capacity()+2)/total + 1
 	w := o.Window.Milliseconds()
 	base := (clock.Millis()/w+1)*w + w/2
-	m := newModel()
+	m := NewModel()
 	ctx := context.Background()
 	for round := range o.Windows {
 		now := base + int64(round)*w
 		clock.SetMillis(now)
 		want := 0
 		for range total * perG {
-			if _, ok := m.check(now, batch); ok {
+			if _, ok := m.Check(now, batch, false); ok {
 				want++
 			}
 		}
@@ -139,7 +139,7 @@ func Hammer(t *testing.T, limiters []limiter.Limiter, clock *Clock, o HammerOpti
 		if err := limiters[0].Check(ctx, probe, got); err != nil {
 			t.Fatalf("round %d: probe: %v", round, err)
 		}
-		wantP, _ := m.check(now, probe)
+		wantP, _ := m.Check(now, probe, false)
 		for i := range got {
 			if got[i] != wantP[i] {
 				t.Errorf("%v round %d: state after the round: probe %d = %+v, model %+v", o.Algorithm, round, i, got[i], wantP[i])

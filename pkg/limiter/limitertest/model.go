@@ -18,21 +18,25 @@ func identOf(r limiter.Request) ident {
 	return ident{key: r.Key, alg: r.Limit.Algorithm, window: r.Limit.Window}
 }
 
-// model is the reference store: pkg/algorithm with the batch semantics of
-// the package documentation, written as plainly as possible. Not safe for
-// concurrent use.
-type model struct {
+// Model is the reference store: pkg/algorithm with the batch semantics of
+// the package documentation, written as plainly as possible. Tests of
+// limiters that wrap others (the fail-soft layer) compare against it too.
+// Not safe for concurrent use.
+type Model struct {
 	states map[ident]algorithm.State
 }
 
-func newModel() *model { return &model{states: make(map[ident]algorithm.State)} }
+// NewModel returns an empty Model.
+func NewModel() *Model { return &Model{states: make(map[ident]algorithm.State)} }
 
-// check decides a batch of valid requests at now (ms) and returns the
-// results and whether the batch consumed.
-func (m *model) check(now int64, reqs []limiter.Request) ([]limiter.Result, bool) {
+// Check decides a batch of valid requests at now (ms) and returns the
+// results (Source SourceStore) and whether the batch consumed. vetoed
+// decides the batch as denied whatever its requests' own decisions, as when
+// a request outside it (a deny-mode rule in the fail-soft layer) vetoed it.
+func (m *Model) Check(now int64, reqs []limiter.Request, vetoed bool) ([]limiter.Result, bool) {
 	res := make([]limiter.Result, len(reqs))
 	tent := make(map[ident]algorithm.State)
-	ok := true
+	ok := !vetoed
 	for i, r := range reqs {
 		id := identOf(r)
 		s, seen := tent[id]

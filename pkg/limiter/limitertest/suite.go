@@ -46,7 +46,7 @@ type harness struct {
 	t     *testing.T
 	lim   limiter.Limiter
 	clock *Clock
-	m     *model
+	m     *Model
 	steps int
 }
 
@@ -56,7 +56,7 @@ func newHarness(t *testing.T, f Factory) *harness {
 	if lim == nil {
 		t.Fatal("Factory returned nil")
 	}
-	return &harness{t: t, lim: lim, clock: c, m: newModel()}
+	return &harness{t: t, lim: lim, clock: c, m: NewModel()}
 }
 
 // key returns a key unique to the test and name.
@@ -73,7 +73,7 @@ func (h *harness) check(reqs ...limiter.Request) ([]limiter.Result, bool) {
 	if err := h.lim.Check(context.Background(), reqs, got); err != nil {
 		h.t.Fatalf("step %d at epoch+%dms: Check(%s): %v", h.steps, now-epoch, fmtReqs(reqs), err)
 	}
-	want, _ := h.m.check(now, reqs)
+	want, _ := h.m.Check(now, reqs, false)
 	ok := true
 	for i := range reqs {
 		if got[i] != want[i] {
