@@ -1,0 +1,404 @@
+package denycache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+	"github.com/envoy-rls/envoy-rls/pkg/limiter/limitertest"
+	"github.com/envoy-rls/envoy-rls/pkg/memorybackend"
+)
+
+// TestConformance runs the conformance suite on a Cache in front of the
+// memory backend, both on the suite's clock: every result, cached or not,
+// must equal the reference model's.
+func TestConformance(t *testing.T) {
+	limitertest.Run(t, func(t *testing.T, now func() time.Time) limiter.Limiter {
+		m := memorybackend.New(memorybackend.Options{Now: now, SweepInterval: -1})
+		t.Cleanup(func() { m.Close() })
+		c, err := New(m, Options{Now: now, MaxTTL: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	})
+}
+
+// TestHammer runs the concurrent admission test with four instances, each
+// with its own Cache, in front of one shared memory store: the admitted
+// total must equal the model's exactly.
+func TestHammer(t *testing.T) {
+	clock := limitertest.NewClock(time.UnixMilli(start))
+	m := memorybackend.New(memorybackend.Options{Now: clock.Now, Shards: 4, SweepInterval: -1})
+	defer m.Close()
+	caches := make([]*Cache, 4)
+	ls := make([]limiter.Limiter, len(caches))
+	for i := range caches {
+		caches[i] = newCache(t, m, clock, Options{Shards: 2})
+		ls[i] = caches[i]
+	}
+	limitertest.HammerAll(t, ls, clock, 16)
+	var answered uint64
+	for _, c := range caches {
+		answered += c.Stats().Answered
+	}
+	if answered == 0 {
+		t.Error("no batch was answered by a cache: the hammer did not exercise it")
+	}
+}
+
+// TestDifferential feeds one seeded random sequence to two stores on one
+// clock, one behind Caches and one without, and compares every result: hot
+// keys hammered several times per millisecond across window rollovers, hits
+// 0, 1 and 2, shadow requests, batches with a key twice, a limit whose
+// number changes. With one instance (one Cache) the results must be
+// identical. With two instances (two Caches in front of one store, taking
+// turns at random) a Cache cannot see the other's consumption: decisions
+// and Remaining must still be identical, and RetryAfter (and a token
+// bucket's ResetAfter) may only be early.
+func TestDifferential(t *testing.T) {
+	for _, instances := range []int{1, 2} {
+		for _, alg := range algorithms {
+			for _, wms := range []int64{10, 250, 1000} {
+				t.Run(fmt.Sprintf("instances%d/%v/W%dms", instances, alg, wms), func(t *testing.T) {
+					differential(t, instances, alg, wms)
+				})
+			}
+		}
+	}
+}
+
+func differential(t *testing.T, instances int, alg limiter.Algorithm, wms int64) {
+	clock := limitertest.NewClock(time.UnixMilli(start))
+	counted := &counting{next: newMemory(t, clock), clock: clock}
+	caches := make([]*Cache, instances)
+	for i := range caches {
+		caches[i] = newCache(t, counted, clock, Options{})
+	}
+	plain := newMemory(t, clock)
+
+	w := time.Duration(wms) * time.Millisecond
+	limits := []limiter.Limit{
+		{Algorithm: alg, Requests: 5, Window: w},
+		{Algorithm: alg, Requests: 8, Window: w}, // the same counter, another number
+		{Algorithm: alg, Requests: 3, Window: w, Burst: 6},
+	}
+	rng := rand.New(rand.NewPCG(uint64(alg)+uint64(instances)<<8, uint64(wms)))
+	keys := []string{"hot", "warm", "cold"}
+	const steps = 3000
+	for step := range steps {
+		if rng.IntN(4) == 0 {
+			clock.Advance(ms(rng.Int64N(wms/5 + 2)))
+		}
+		n := 1 + rng.IntN(3)
+		if rng.IntN(2) == 0 {
+			n = 1
+		}
+		reqs := make([]limiter.Request, n)
+		for i := range reqs {
+			k := keys[min(rng.IntN(5), 2)] // mostly "hot"
+			l := limits[0]
+			if p := rng.IntN(20); p == 0 {
+				l = limits[1]
+			} else if p == 1 {
+				l = limits[2]
+			}
+			hits := uint64(1)
+			if p := rng.IntN(10); p == 0 {
+				hits = 0
+			} else if p == 1 {
+				hits = 2
+			}
+			reqs[i] = limiter.Request{Key: k, Limit: l, Hits: hits, Shadow: rng.IntN(8) == 0}
+		}
+		got, want := check(t, caches[rng.IntN(instances)], reqs...), check(t, plain, reqs...)
+		for i := range reqs {
+			g, u := got[i], want[i]
+			ok := g == u
+			if instances > 1 {
+				early := g.RetryAfter <= u.RetryAfter && (g.RetryAfter > 0) == (u.RetryAfter > 0)
+				reset := g.ResetAfter == u.ResetAfter ||
+					alg == limiter.TokenBucket && g.ResetAfter <= u.ResetAfter
+				ok = g.Allowed == u.Allowed && g.Remaining == u.Remaining && g.Source == u.Source && early && reset
+			}
+			if !ok {
+				t.Fatalf("step %d at +%dms, request %d of %+v:\n cached   %+v\n uncached %+v",
+					step, clock.Millis()-start, i, reqs, g, u)
+			}
+		}
+	}
+	var st Stats
+	for _, c := range caches {
+		s := c.Stats()
+		st.Answered += s.Answered
+		st.Forwarded += s.Forwarded
+		st.Recorded += s.Recorded
+	}
+	if st.Answered == 0 || st.Recorded == 0 {
+		t.Fatalf("stats %+v: the caches answered nothing, the test does not exercise them", st)
+	}
+	if got := len(counted.log()); uint64(got) != st.Forwarded {
+		t.Fatalf("the store saw %d calls, Stats.Forwarded = %d", got, st.Forwarded)
+	}
+	t.Logf("%d batches: %d answered locally, %d forwarded", steps, st.Answered, st.Forwarded)
+}
+
+// TestAbsorbsDenials hammers one key far over its limit, several requests
+// per millisecond for several windows, and checks from the inner limiter's
+// log that every denial it saw was necessary: no forwarded denial fell
+// within the validity of an earlier one (its RetryAfter, capped by MaxTTL),
+// and denials mostly stayed local.
+func TestAbsorbsDenials(t *testing.T) {
+	for _, alg := range algorithms {
+		for _, maxTTL := range []time.Duration{-1, 0, 70 * time.Millisecond} {
+			t.Run(fmt.Sprintf("%v/MaxTTL%v", alg, maxTTL), func(t *testing.T) {
+				clock := limitertest.NewClock(time.UnixMilli(start))
+				counted := &counting{next: newMemory(t, clock), clock: clock}
+				c := newCache(t, counted, clock, Options{MaxTTL: maxTTL})
+				l := limiter.Limit{Algorithm: alg, Requests: 10, Window: 500 * time.Millisecond}
+				r := limiter.Request{Key: "hot", Limit: l, Hits: 1}
+				denied := 0
+				for range 3 * 500 {
+					for range 4 {
+						if !check(t, c, r)[0].Allowed {
+							denied++
+						}
+					}
+					clock.Advance(time.Millisecond)
+				}
+				cap := int64(-1)
+				if maxTTL == 0 {
+					cap = DefaultMaxTTL.Milliseconds()
+				} else if maxTTL > 0 {
+					cap = maxTTL.Milliseconds()
+				}
+				forwarded := 0
+				var validUntil int64 = -1 // last ms answered by the latest forwarded denial
+				for _, k := range counted.log() {
+					if k.res[0].Allowed {
+						continue
+					}
+					forwarded++
+					if k.at <= validUntil {
+						t.Fatalf("a denial at +%dms reached the store although the denial of the store was valid until +%dms",
+							k.at-start, validUntil-start)
+					}
+					valid := k.res[0].RetryAfter.Milliseconds()
+					if alg == limiter.SlidingLog {
+						valid = min(valid, k.res[0].ResetAfter.Milliseconds())
+					}
+					if cap > 0 {
+						valid = min(valid, cap)
+					}
+					validUntil = k.at + valid - 1
+				}
+				if forwarded == 0 || denied < 10*forwarded {
+					t.Fatalf("%d denials, %d of them reached the store: the cache did not absorb them", denied, forwarded)
+				}
+				t.Logf("%d denials, %d reached the store", denied, forwarded)
+			})
+		}
+	}
+}
+
+// TestNotCached checks the denials a Cache must not remember.
+func TestNotCached(t *testing.T) {
+	l := limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 2, Window: time.Second}
+	t.Run("fallback", func(t *testing.T) {
+		clock := limitertest.NewClock(time.UnixMilli(start))
+		c := newCache(t, sourced{next: newMemory(t, clock), src: limiter.SourceFallback}, clock, Options{})
+		r := limiter.Request{Key: "k", Limit: l, Hits: 1}
+		for range 5 {
+			check(t, c, r)
+		}
+		if n := c.Len(); n != 0 || c.Stats().Answered != 0 {
+			t.Fatalf("fallback denials cached: %d entries, stats %+v", n, c.Stats())
+		}
+	})
+	t.Run("more hits", func(t *testing.T) {
+		clock := limitertest.NewClock(time.UnixMilli(start))
+		c := newCache(t, newMemory(t, clock), clock, Options{})
+		r := limiter.Request{Key: "k", Limit: l, Hits: 2}
+		check(t, c, r)
+		if res := check(t, c, r); res[0].Allowed {
+			t.Fatalf("third and fourth hit admitted: %+v", res[0])
+		}
+		if n := c.Len(); n != 0 {
+			t.Fatalf("a denial of 2 hits was cached: %d entries", n)
+		}
+	})
+	t.Run("denied by an earlier request of the batch", func(t *testing.T) {
+		clock := limitertest.NewClock(time.UnixMilli(start))
+		c := newCache(t, newMemory(t, clock), clock, Options{})
+		r := limiter.Request{Key: "k", Limit: l, Hits: 1}
+		check(t, c, r)
+		// One left: the batch's first request takes it tentatively, the
+		// second is denied on that, and the batch consumes nothing.
+		if res := check(t, c, r, r); !res[0].Allowed || res[1].Allowed {
+			t.Fatalf("batch of two on one left: %+v", res)
+		}
+		if n := c.Len(); n != 0 {
+			t.Fatalf("a denial caused by the batch itself was cached: %d entries", n)
+		}
+		if res := check(t, c, r); !res[0].Allowed {
+			t.Fatalf("the last hit was not admitted: %+v", res[0])
+		}
+	})
+	t.Run("other numbers", func(t *testing.T) {
+		clock := limitertest.NewClock(time.UnixMilli(start))
+		c := newCache(t, newMemory(t, clock), clock, Options{})
+		r := limiter.Request{Key: "k", Limit: l, Hits: 1}
+		check(t, c, r, r)
+		if res := check(t, c, r); res[0].Allowed || c.Len() != 1 {
+			t.Fatalf("full counter: %+v, %d entries", res[0], c.Len())
+		}
+		more := r
+		more.Limit.Requests = 3
+		if res := check(t, c, more); !res[0].Allowed {
+			t.Fatalf("a raised limit was answered by the entry of the old one: %+v", res[0])
+		}
+	})
+}
+
+// TestMaxTTL checks that an entry stops answering MaxTTL after the store's
+// denial, although the denial lasts longer.
+func TestMaxTTL(t *testing.T) {
+	clock := limitertest.NewClock(time.UnixMilli(start))
+	counted := &counting{next: newMemory(t, clock), clock: clock}
+	c := newCache(t, counted, clock, Options{MaxTTL: 50 * time.Millisecond})
+	r := limiter.Request{Key: "k", Limit: limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 1, Window: time.Minute}, Hits: 1}
+	check(t, c, r)
+	first := check(t, c, r)[0]
+	if first.Allowed || first.RetryAfter <= 50*time.Millisecond {
+		t.Fatalf("second hit: %+v, want a denial longer than MaxTTL", first)
+	}
+	calls := len(counted.log())
+	clock.Advance(49 * time.Millisecond)
+	check(t, c, r)
+	if n := len(counted.log()); n != calls {
+		t.Fatalf("within MaxTTL the store was asked (%d calls, want %d)", n, calls)
+	}
+	clock.Advance(time.Millisecond)
+	if res := check(t, c, r)[0]; res.Allowed || len(counted.log()) != calls+1 {
+		t.Fatalf("after MaxTTL: %+v with %d store calls, want a denial from the store (%d calls)", res, len(counted.log()), calls+1)
+	}
+}
+
+// TestBounded sends denials of a million distinct keys: the cache never
+// holds more than MaxEntries, skips what does not fit, and makes room once
+// entries expire.
+func TestBounded(t *testing.T) {
+	clock := limitertest.NewClock(time.UnixMilli(start))
+	c := newCache(t, denyAll{}, clock, Options{})
+	l := limiter.Limit{Requests: 1, Window: time.Minute}
+	res := make([]limiter.Result, 1)
+	reqs := make([]limiter.Request, 1)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	const keys = 1_000_000
+	for i := range keys {
+		reqs[0] = limiter.Request{Key: fmt.Sprintf("key-%07d", i), Limit: l, Hits: 1}
+		if err := c.Check(context.Background(), reqs, res); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	n := c.Len()
+	if n > DefaultMaxEntries || n < DefaultMaxEntries*9/10 {
+		t.Fatalf("%d entries after %d distinct denials, want at most %d (and close to it)", n, keys, DefaultMaxEntries)
+	}
+	st := c.Stats()
+	if st.Recorded != uint64(n) || st.Skipped != keys-uint64(n) {
+		t.Fatalf("stats %+v with %d entries", st, n)
+	}
+	t.Logf("%d entries, about %d bytes each (heap)", n, (int64(after.HeapAlloc)-int64(before.HeapAlloc))/int64(n))
+
+	// Once the entries expire, new denials take their place.
+	clock.Advance(2 * DefaultMaxTTL)
+	for i := range 1000 {
+		reqs[0] = limiter.Request{Key: fmt.Sprintf("new-%d", i), Limit: l, Hits: 1}
+		if err := c.Check(context.Background(), reqs, res); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := c.Stats().Recorded - st.Recorded; got != 1000 {
+		t.Fatalf("after expiry %d of 1000 new denials were recorded", got)
+	}
+	if n := c.Len(); n > DefaultMaxEntries || n >= DefaultMaxEntries*9/10 {
+		t.Fatalf("%d entries after expiry: full shards were not swept", n)
+	}
+}
+
+// TestOptions checks New's validation and the MaxEntries bound with few
+// entries.
+func TestOptions(t *testing.T) {
+	if _, err := New(nil, Options{}); err == nil {
+		t.Error("New(nil) succeeded")
+	}
+	if _, err := New(denyAll{}, Options{MaxEntries: -1}); err == nil {
+		t.Error("New with MaxEntries −1 succeeded")
+	}
+	clock := limitertest.NewClock(time.UnixMilli(start))
+	c := newCache(t, denyAll{}, clock, Options{MaxEntries: 3})
+	l := limiter.Limit{Requests: 1, Window: time.Minute}
+	for i := range 10 {
+		check(t, c, limiter.Request{Key: fmt.Sprint(i), Limit: l, Hits: 1})
+	}
+	if n := c.Len(); n > 3 {
+		t.Fatalf("%d entries with MaxEntries 3", n)
+	}
+}
+
+// TestErrors checks that errors of the inner limiter pass through, a
+// cancelled context fails a local answer too, and nothing is cached from a
+// failed call.
+func TestErrors(t *testing.T) {
+	clock := limitertest.NewClock(time.UnixMilli(start))
+	c := newCache(t, newMemory(t, clock), clock, Options{})
+	r := limiter.Request{Key: "k", Limit: limiter.Limit{Requests: 1, Window: time.Second}, Hits: 1}
+	check(t, c, r)
+	check(t, c, r)
+	if c.Len() != 1 {
+		t.Fatalf("%d entries after a denial, want 1", c.Len())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := c.Check(ctx, []limiter.Request{r}, make([]limiter.Result, 1))
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("cached denial with a cancelled context: %v, want context.Canceled", err)
+	}
+	bad := limiter.Request{Key: "", Limit: r.Limit, Hits: 1}
+	if err := c.Check(context.Background(), []limiter.Request{bad}, make([]limiter.Result, 1)); !errors.Is(err, limiter.ErrInvalid) {
+		t.Fatalf("empty key: %v, want ErrInvalid", err)
+	}
+	if err := c.Check(context.Background(), []limiter.Request{r}, nil); !errors.Is(err, limiter.ErrInvalid) {
+		t.Fatalf("no results: %v, want ErrInvalid", err)
+	}
+}
+
+func BenchmarkCachedDenial(b *testing.B) {
+	clock := limitertest.NewClock(time.UnixMilli(start))
+	c := newCache(b, newMemory(b, clock), clock, Options{MaxTTL: -1})
+	r := []limiter.Request{{Key: "hot", Limit: limiter.Limit{Requests: 1, Window: time.Hour}, Hits: 1}}
+	res := make([]limiter.Result, 1)
+	ctx := context.Background()
+	for range 2 {
+		_ = c.Check(ctx, r, res)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := c.Check(ctx, r, res); err != nil || res[0].Allowed {
+			b.Fatal(err, res[0])
+		}
+	}
+	if c.Stats().Answered < uint64(b.N) {
+		b.Fatalf("only %d of %d answered locally", c.Stats().Answered, b.N)
+	}
+}
