@@ -95,3 +95,11 @@ func (g *Groups[G]) Len() int {
 	defer g.mu.RUnlock()
 	return len(g.sketches)
 }
+
+// Reset forgets every group and the dropped count.
+func (g *Groups[G]) Reset() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	clear(g.sketches)
+	g.dropped.Store(0)
+}

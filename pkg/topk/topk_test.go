@@ -219,6 +219,10 @@ func TestGroupsBound(t *testing.T) {
 	if g.Sketch(rule{"d", "z"}) != nil {
 		t.Error("Sketch created a group beyond MaxGroups")
 	}
+	g.Reset()
+	if g.Len() != 0 || g.Dropped() != 0 {
+		t.Errorf("after Reset: Len %d Dropped %d", g.Len(), g.Dropped())
+	}
 	d := NewGroups[string](GroupsOptions{})
 	if d.Capacity() != DefaultCapacity || d.maxGroups != DefaultMaxGroups {
 		t.Errorf("defaults: %d %d", d.Capacity(), d.maxGroups)
