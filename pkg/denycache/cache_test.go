@@ -171,32 +171,7 @@ func TestAbsorbsDenials(t *testing.T) {
 					}
 					clock.Advance(time.Millisecond)
 				}
-				cap := int64(-1)
-				if maxTTL == 0 {
-					cap = DefaultMaxTTL.Milliseconds()
-				} else if maxTTL > 0 {
-					cap = maxTTL.Milliseconds()
-				}
-				forwarded := 0
-				var validUntil int64 = -1 // last ms answered by the latest forwarded denial
-				for _, k := range counted.log() {
-					if k.res[0].Allowed {
-						continue
-					}
-					forwarded++
-					if k.at <= validUntil {
-						t.Fatalf("a denial at +%dms reached the store although the denial of the store was valid until +%dms",
-							k.at-start, validUntil-start)
-					}
-					valid := k.res[0].RetryAfter.Milliseconds()
-					if alg == limiter.SlidingLog {
-						valid = min(valid, k.res[0].ResetAfter.Milliseconds())
-					}
-					if cap > 0 {
-						valid = min(valid, cap)
-					}
-					validUntil = k.at + valid - 1
-				}
+				forwarded := forwardedDenials(t, counted.log(), maxTTL)
 				if forwarded == 0 || denied < 10*forwarded {
 					t.Fatalf("%d denials, %d of them reached the store: the cache did not absorb them", denied, forwarded)
 				}
@@ -204,6 +179,45 @@ func TestAbsorbsDenials(t *testing.T) {
 			})
 		}
 	}
+}
+
+// forwardedDenials checks that every denial in the log of the calls a Cache
+// forwarded was necessary: none fell within the validity of an earlier
+// denial of the same counter (its RetryAfter — for a sliding log at most its
+// ResetAfter — capped by maxTTL as Options.MaxTTL says). It returns their
+// number. Every call of the log holds one request.
+func forwardedDenials(t *testing.T, log []call, maxTTL time.Duration) int {
+	t.Helper()
+	cap := int64(-1)
+	if maxTTL == 0 {
+		cap = DefaultMaxTTL.Milliseconds()
+	} else if maxTTL > 0 {
+		cap = maxTTL.Milliseconds()
+	}
+	forwarded := 0
+	validUntil := map[ident]int64{} // last ms answerable by the latest forwarded denial
+	for _, k := range log {
+		q, r := k.reqs[0], k.res[0]
+		id := identOf(&q)
+		if r.Allowed {
+			delete(validUntil, id)
+			continue
+		}
+		forwarded++
+		if u, ok := validUntil[id]; ok && k.at <= u {
+			t.Fatalf("a denial at +%dms reached the store although the store's denial of %q was valid until +%dms",
+				k.at-start, q.Key, u-start)
+		}
+		valid := r.RetryAfter.Milliseconds()
+		if q.Limit.Algorithm == limiter.SlidingLog {
+			valid = min(valid, r.ResetAfter.Milliseconds())
+		}
+		if cap > 0 {
+			valid = min(valid, cap)
+		}
+		validUntil[id] = k.at + valid - 1
+	}
+	return forwarded
 }
 
 // TestNotCached checks the denials a Cache must not remember.
