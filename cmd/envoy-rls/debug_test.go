@@ -228,6 +228,16 @@ func testExplainEndToEnd(t *testing.T, tg debugTarget, configDir string) {
 // testTopEndToEnd sends a skewed stream of denials and checks /debug/top and
 // `envoy-rls top` against the denials the responses reported.
 func testTopEndToEnd(t *testing.T, tg debugTarget, capacity int, full bool) {
+	// Start from zero whatever the target denied before.
+	req, err := http.NewRequest(http.MethodDelete, "http://"+tg.debug+"/debug/top", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("DELETE /debug/top: %v %v", resp, err)
+	}
+	resp.Body.Close()
 	denied := map[string]uint64{} // the model: OVER_LIMIT answers per value
 	send := func(key, value string, n int) {
 		for range n {
