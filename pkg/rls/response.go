@@ -53,14 +53,41 @@ func outcomeOf(q *limiter.Request, r *limiter.Result) Outcome {
 	return OutcomeOK
 }
 
+// smallResponse is the largest number of request descriptors whose
+// response is allocated as one respBlock.
+const smallResponse = 2
+
+// maxHeaders is the largest number of response headers a response carries
+// in one respBlock (IETF on OVER_LIMIT: RateLimit-Policy, RateLimit,
+// Retry-After, Content-Type; draft-03 on OVER_LIMIT has five).
+const maxHeaders = 4
+
+// respBlock holds every message of the response to a request of at most
+// smallResponse descriptors, so that building it costs one allocation
+// instead of one per message. Its parts are referenced from resp only; a
+// respBlock is never copied or reused.
+type respBlock struct {
+	resp     rlsv3.RateLimitResponse
+	statuses [smallResponse]*rlsv3.RateLimitResponse_DescriptorStatus
+	sts      [smallResponse]rlsv3.RateLimitResponse_DescriptorStatus
+	lims     [smallResponse]rlsv3.RateLimitResponse_RateLimit
+	durs     [smallResponse]durationpb.Duration
+	hdrs     [maxHeaders]*corev3.HeaderValue
+	hv       [maxHeaders]corev3.HeaderValue
+	meta     metaBlock
+}
+
+// metaBlock holds the messages of the dynamic metadata (see metadata).
+type metaBlock struct {
+	st   structpb.Struct
+	vals [8]structpb.Value
+	strs [6]structpb.Value_StringValue
+	nums [2]structpb.Value_NumberValue
+}
+
 // respond builds the response from the limiter's results in sc.
 func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch) *rlsv3.RateLimitResponse {
 	n := len(req.Descriptors)
-	resp := &rlsv3.RateLimitResponse{
-		OverallCode: rlsv3.RateLimitResponse_OK,
-		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, n),
-	}
-	sts := make([]rlsv3.RateLimitResponse_DescriptorStatus, n)
 	withLimit := 0
 	for i := range sc.descs {
 		if sc.descs[i].n > 0 {
@@ -68,13 +95,28 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch) *rlsv3.RateL
 		}
 	}
 	var (
+		blk  *respBlock
+		resp *rlsv3.RateLimitResponse
+		sts  []rlsv3.RateLimitResponse_DescriptorStatus
 		lims []rlsv3.RateLimitResponse_RateLimit
 		durs []durationpb.Duration
 	)
-	if withLimit > 0 {
-		lims = make([]rlsv3.RateLimitResponse_RateLimit, withLimit)
-		durs = make([]durationpb.Duration, withLimit)
+	if n <= smallResponse {
+		blk = new(respBlock)
+		resp = &blk.resp
+		resp.Statuses = blk.statuses[:n:n]
+		sts = blk.sts[:n:n]
+		lims = blk.lims[:withLimit:withLimit]
+		durs = blk.durs[:withLimit:withLimit]
+	} else {
+		resp = &rlsv3.RateLimitResponse{Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)}
+		sts = make([]rlsv3.RateLimitResponse_DescriptorStatus, n)
+		if withLimit > 0 {
+			lims = make([]rlsv3.RateLimitResponse_RateLimit, withLimit)
+			durs = make([]durationpb.Duration, withLimit)
+		}
 	}
+	resp.OverallCode = rlsv3.RateLimitResponse_OK
 	enforced, top := -1, -1 // the request's most restrictive enforced / any result
 	li := 0
 	for i := range sc.descs {
@@ -131,10 +173,16 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch) *rlsv3.RateL
 		li++
 	}
 	if enforced >= 0 {
-		s.addHeaders(resp, sc, enforced)
+		s.addHeaders(resp, sc, enforced, blk)
 	}
 	if top >= 0 {
-		resp.DynamicMetadata = metadata(req.Domain, sc, top)
+		var mb *metaBlock
+		if blk != nil {
+			mb = &blk.meta
+		} else {
+			mb = new(metaBlock)
+		}
+		resp.DynamicMetadata = metadata(req.Domain, sc, top, mb)
 	}
 	return resp
 }
@@ -234,8 +282,9 @@ func (sc *scratch) endHeader(name string) {
 }
 
 // addHeaders sets response_headers_to_add (and raw_body on OVER_LIMIT) for
-// the most restrictive enforced result k.
-func (s *Service) addHeaders(resp *rlsv3.RateLimitResponse, sc *scratch, k int) {
+// the most restrictive enforced result k, in blk's messages unless blk is
+// nil.
+func (s *Service) addHeaders(resp *rlsv3.RateLimitResponse, sc *scratch, k int, blk *respBlock) {
 	q, r, m := &sc.reqs[k], &sc.res[k], &sc.meta[k]
 	window := max(1, ceilSeconds(q.Limit.Window))
 	reset := ceilSeconds(r.ResetAfter)
@@ -284,8 +333,15 @@ func (s *Service) addHeaders(resp *rlsv3.RateLimitResponse, sc *scratch, k int) 
 		return
 	}
 	values := string(sc.hdr)
-	hv := make([]corev3.HeaderValue, len(sc.hdrNames))
-	resp.ResponseHeadersToAdd = make([]*corev3.HeaderValue, len(sc.hdrNames))
+	n := len(sc.hdrNames)
+	var hv []corev3.HeaderValue
+	if blk != nil && n <= maxHeaders {
+		hv = blk.hv[:n:n]
+		resp.ResponseHeadersToAdd = blk.hdrs[:n:n]
+	} else {
+		hv = make([]corev3.HeaderValue, n)
+		resp.ResponseHeadersToAdd = make([]*corev3.HeaderValue, n)
+	}
 	start := 0
 	for i, name := range sc.hdrNames {
 		hv[i].Key = name
@@ -367,19 +423,16 @@ func problemBody(name string, l limiter.Limit, retry int64) []byte {
 //	source      who decided: store, fallback, failure_mode_allow, failure_mode_deny
 //	descriptor  the index of the request descriptor
 //	remaining   the limit's remaining hits
-func metadata(domain string, sc *scratch, k int) *structpb.Struct {
+//
+// The messages are mb's (allocated with the response: this runs on every
+// request that checked a limit); only the map is allocated here.
+func metadata(domain string, sc *scratch, k int, mb *metaBlock) *structpb.Struct {
 	q, r, m := &sc.reqs[k], &sc.res[k], &sc.meta[k]
 	ruleID := ""
 	if m.rule != nil {
 		ruleID = m.rule.ID
 	}
-	// The values and their kinds are allocated together: this runs on
-	// every request that checked a limit.
-	var (
-		strs = make([]structpb.Value_StringValue, 6)
-		nums = make([]structpb.Value_NumberValue, 2)
-		vals = make([]structpb.Value, 8)
-	)
+	strs, nums, vals := mb.strs[:], mb.nums[:], mb.vals[:]
 	fields := make(map[string]*structpb.Value, 8)
 	for i, kv := range [...]struct{ k, v string }{
 		{"domain", domain},
@@ -397,5 +450,6 @@ func metadata(domain string, sc *scratch, k int) *structpb.Struct {
 	nums[1].NumberValue = float64(r.Remaining)
 	vals[6].Kind, vals[7].Kind = &nums[0], &nums[1]
 	fields["descriptor"], fields["remaining"] = &vals[6], &vals[7]
-	return &structpb.Struct{Fields: fields}
+	mb.st.Fields = fields
+	return &mb.st
 }
