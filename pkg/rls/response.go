@@ -1,11 +1,11 @@
 package rls
 
 import (
-	"encoding/json"
-	"fmt"
+	"bytes"
 	"math"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -394,21 +394,88 @@ type problem struct {
 //	{"type":"about:blank","title":"Too Many Requests","status":429,
 //	 "detail":"rate limit \"per_ip\" (120 per 1m0s) exceeded; retry after 42 s",
 //	 "limit":"per_ip","requests":120,"window":"1m0s","retry_after":42}
+//
+// It writes the bytes json.Marshal writes for the problem struct (a test
+// checks it) without reflection: every OVER_LIMIT answer has a body.
 func problemBody(name string, l limiter.Limit, retry int64) []byte {
-	b, err := json.Marshal(problem{
-		Type:       "about:blank",
-		Title:      "Too Many Requests",
-		Status:     429,
-		Detail:     fmt.Sprintf("rate limit %q (%d per %v) exceeded; retry after %d s", name, l.Requests, l.Window, retry),
-		Limit:      name,
-		Requests:   l.Requests,
-		Window:     l.Window.String(),
-		RetryAfter: retry,
-	})
-	if err != nil { // cannot happen: strings and numbers only
-		return nil
+	var buf [512]byte
+	b := append(buf[:0], `{"type":"about:blank","title":"Too Many Requests","status":429,"detail":`...)
+	window := l.Window.String()
+	var detail [256]byte
+	d := append(detail[:0], "rate limit "...)
+	d = strconv.AppendQuote(d, name)
+	d = append(d, " ("...)
+	d = strconv.AppendUint(d, l.Requests, 10)
+	d = append(d, " per "...)
+	d = append(d, window...)
+	d = append(d, ") exceeded; retry after "...)
+	d = strconv.AppendInt(d, retry, 10)
+	d = append(d, " s"...)
+	b = appendJSONString(b, d)
+	b = append(b, `,"limit":`...)
+	b = appendJSONString(b, name)
+	b = append(b, `,"requests":`...)
+	b = strconv.AppendUint(b, l.Requests, 10)
+	b = append(b, `,"window":`...)
+	b = appendJSONString(b, window)
+	b = append(b, `,"retry_after":`...)
+	b = strconv.AppendInt(b, retry, 10)
+	b = append(b, '}')
+	return bytes.Clone(b)
+}
+
+// appendJSONString appends s as encoding/json writes a string: quoted; ",
+// \ and control bytes escaped (\b \f \n \r \t, else \u00XX); <, > and &
+// escaped as \u003c, \u003e, \u0026; U+2028 and U+2029 as \u2028 and
+// \u2029; each byte of invalid UTF-8 as \ufffd.
+func appendJSONString[S string | []byte](dst []byte, s S) []byte {
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		if c := s[i]; c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+				i++
+				continue
+			}
+			dst = append(dst, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				dst = append(dst, '\\', c)
+			case '\b':
+				dst = append(dst, '\\', 'b')
+			case '\f':
+				dst = append(dst, '\\', 'f')
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			default:
+				dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(string(s[i:min(len(s), i+utf8.UTFMax)]))
+		switch {
+		case r == utf8.RuneError && size == 1:
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, `\ufffd`...)
+		case r == '\u2028' || r == '\u2029':
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, '\\', 'u', '2', '0', '2', hex[r&0xf])
+		default:
+			i += size
+			continue
+		}
+		i += size
+		start = i
 	}
-	return b
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
 }
 
 // metadata is the response's dynamic_metadata: which limit decided, for
