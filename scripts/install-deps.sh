@@ -73,6 +73,12 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 log "$(redis-server --version)"
 
+# --- promtool (deploy/ tests check the alert rules and dashboard queries) ---
+if ! command -v promtool >/dev/null 2>&1; then
+	apt_install prometheus # Debian's package ships promtool; policy-rc.d keeps its service stopped
+fi
+log "$(promtool --version 2>&1 | head -1)"
+
 # --- Envoy ----------------------------------------------------------------
 envoy_ok() {
 	[ -x "$VENV/bin/envoy" ] && "$VENV/bin/envoy" --version 2>/dev/null | grep -q "/$ENVOY_VERSION/"

@@ -7,6 +7,7 @@
 //	envoy-rls [serve] [flags]          run the service (the default)
 //	envoy-rls check-config PATH...     validate descriptor folders or files
 //	envoy-rls query [flags]            send ShouldRateLimit and print the answer
+//	envoy-rls top [flags]              print the most denied descriptor values
 //	envoy-rls version                  print the version
 //
 // Every serve flag can also be set through an environment variable:
@@ -50,6 +51,8 @@ func run(args []string, stdout, stderr io.Writer, lookupEnv func(string) (string
 		err = checkConfigMain(args, stdout, stderr)
 	case "query":
 		err = queryMain(args, stdout, stderr)
+	case "top":
+		err = topMain(args, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "envoy-rls", version)
 	case "help", "-h", "--help":
@@ -77,6 +80,7 @@ const topUsage = `Usage:
   envoy-rls [serve] [flags]          run the service (default; see envoy-rls serve -h)
   envoy-rls check-config PATH...     validate descriptor folders or files
   envoy-rls query [flags]            send ShouldRateLimit to a server and print the answer
+  envoy-rls top [flags]              print the most denied descriptor values (from --debug.addr)
   envoy-rls version                  print the version
 `
 

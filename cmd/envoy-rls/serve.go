@@ -44,6 +44,7 @@ type serveOptions struct {
 	logFormat      string
 	drainTimeout   time.Duration
 	store          storeOptions
+	debug          debugOptions
 }
 
 func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
@@ -54,13 +55,14 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&o.reloadInterval, "config.reload-interval", 5*time.Second, "how often the config folder is checked for changes (SIGHUP reloads at once)")
 	fs.StringVar(&o.grpcAddr, "grpc.addr", ":8081", "gRPC listen address (RateLimitService v3, health, reflection)")
 	fs.StringVar(&o.httpAddr, "http.addr", ":9090", "HTTP listen address (/metrics, /healthz, /readyz)")
-	fs.StringVar(&o.debugAddr, "debug.addr", "127.0.0.1:6070", "debug listen address (pprof, /debug/config); empty disables it")
+	fs.StringVar(&o.debugAddr, "debug.addr", "127.0.0.1:6070", "debug listen address (pprof, /debug/config, /debug/explain, /debug/top); empty disables it")
 	fs.StringVar(&o.headers, "headers", "ietf", "rate-limit response headers: ietf (RateLimit-Policy, RateLimit), draft03 (X-RateLimit-*), none")
 	fs.BoolVar(&o.shadow, "shadow", false, "shadow mode for every rule: count and report, never deny")
 	fs.StringVar(&o.logLevel, "log.level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&o.logFormat, "log.format", "text", "log format: text or json")
 	fs.DurationVar(&o.drainTimeout, "shutdown.drain-timeout", 10*time.Second, "how long a graceful stop waits for in-flight requests")
 	o.store.register(fs)
+	o.debug.register(fs)
 	fs.Usage = usageWithEnv(fs, "envoy-rls [serve] [flags]")
 	return fs
 }
@@ -120,6 +122,7 @@ type server struct {
 	http    *http.Server
 	debug   *http.Server
 	reg     *prometheus.Registry
+	dbg     *debugTools
 }
 
 // serve runs the service until ctx ends, then stops gracefully. hup
@@ -157,19 +160,21 @@ func serve(ctx context.Context, o serveOptions, log *slog.Logger, hup <-chan os.
 	}
 	defer st.Close()
 
+	dbg := newDebugTools(o.debug, time.Now)
 	svc, err := rls.New(rls.Options{
 		Config:   watcher,
 		Limiter:  st.limiter,
 		Headers:  headers,
 		Shadow:   o.shadow,
 		Logger:   log,
-		Observer: rlsObserver{m},
+		Observer: dbg.observer(rlsObserver{m}),
 	})
 	if err != nil {
 		return err
 	}
+	dbg.setService(svc)
 
-	s := &server{log: log, watcher: watcher, store: st, reg: reg, health: health.NewServer()}
+	s := &server{log: log, watcher: watcher, store: st, reg: reg, health: health.NewServer(), dbg: dbg}
 	s.grpc = grpc.NewServer(
 		// Envoy keeps few long-lived HTTP/2 connections and multiplexes
 		// many small unary calls on them.
@@ -324,6 +329,7 @@ func (s *server) debugMux() *http.ServeMux {
 			fmt.Fprintf(w, "domain %s (%s): %d rules, %d limits\n", d.Domain, d.File, d.Rules, d.Limits)
 		}
 	})
+	s.dbg.register(mux) // /debug/explain, /debug/top
 	return mux
 }
 
