@@ -227,7 +227,8 @@ type batch struct {
 	buf  []byte
 	offs []int
 	keys []string
-	args []any
+	argv []string
+	cmd  []any // the command's arguments: pointers into keys and argv
 }
 
 // call runs check.lua for the requests reqs[idx[j]] (all of reqs when idx is
@@ -262,22 +263,23 @@ func (b *Backend) call(ctx context.Context, reqs []limiter.Request, idx []int, r
 		offs = append(offs, len(buf))
 	}
 	s := string(buf)
-	keys, args := bt.keys[:0], bt.args[:0]
+	keys, argv := bt.keys[:0], bt.argv[:0]
 	for j := 0; j < n; j++ {
 		keys = append(keys, s[offs[j]:offs[j+1]])
 	}
+	argv = append(argv, s[:offs[0]], "")
+	for j := 0; j < n; j++ {
+		argv = append(argv, s[offs[n+j]:offs[n+j+1]])
+	}
+	bt.buf, bt.offs, bt.keys, bt.argv = buf, offs, keys, argv
 	flags := b.flags[0]
 	if alt != nil {
 		flags = b.flags[1]
 	}
-	args = append(args, s[:offs[0]], flags)
-	for j := 0; j < n; j++ {
-		args = append(args, s[offs[n+j]:offs[n+j+1]])
-	}
-	bt.buf, bt.offs, bt.keys, bt.args = buf, offs, keys, args
-	defer clear(args) // do not keep the strings alive through the pool
-
-	v, err := b.scripts.check.Run(ctx, b.client, keys, args...).Slice()
+	cmd := b.runCheck(ctx, bt, keys, argv, flags)
+	// Do not keep the strings alive through the pool.
+	defer func() { clear(keys); clear(argv); clear(bt.cmd) }()
+	v, err := cmd.Slice()
 	if err != nil {
 		return 0, false, unavailable(ctx, "check script", err)
 	}
@@ -315,6 +317,35 @@ func (b *Backend) call(ctx context.Context, reqs []limiter.Request, idx []int, r
 		return 0, false, unavailable(ctx, "check script", errors.New("reply holds a value that is not a non-negative integer"))
 	}
 	return now, committed, nil
+}
+
+// runCheck runs check.lua on keys and argv (argv[1], the flags, is given
+// boxed as flags) with EVALSHA, and with EVAL when Redis does not know the
+// script yet, as redis.Script.Run does. It builds the command in bt.cmd with
+// every key and argument passed as a *string into keys and argv, which
+// go-redis writes as the string, so that no argument is boxed on the heap;
+// keys and argv must stay unchanged until the returned command has been
+// read.
+func (b *Backend) runCheck(ctx context.Context, bt *batch, keys, argv []string, flags any) *redis.Cmd {
+	args := append(bt.cmd[:0], "evalsha", b.scripts.checkSHA, len(keys))
+	for i := range keys {
+		args = append(args, &keys[i])
+	}
+	args = append(args, &argv[0], flags)
+	for i := 2; i < len(argv); i++ {
+		args = append(args, &argv[i])
+	}
+	bt.cmd = args
+	cmd := redis.NewCmd(ctx, args...)
+	cmd.SetFirstKeyPos(3)
+	_ = b.client.Process(ctx, cmd)
+	if err := cmd.Err(); err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
+		args[0], args[1] = "eval", b.scripts.checkSrc
+		cmd = redis.NewCmd(ctx, args...)
+		cmd.SetFirstKeyPos(3)
+		_ = b.client.Process(ctx, cmd)
+	}
+	return cmd
 }
 
 // appendSpec appends check.lua's request spec

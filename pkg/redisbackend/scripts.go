@@ -22,6 +22,9 @@ type scripts struct {
 	check     *redis.Script
 	refund    *redis.Script
 	heartbeat *redis.Script
+	// checkSHA and checkSrc are check's SHA1 and source, boxed once for
+	// the command arguments built by runCheck.
+	checkSHA, checkSrc any
 }
 
 func newScripts() (*scripts, error) {
@@ -37,10 +40,13 @@ func newScripts() (*scripts, error) {
 	if err != nil {
 		return nil, err
 	}
+	c := redis.NewScript(check)
 	return &scripts{
-		check:     redis.NewScript(check),
+		check:     c,
 		refund:    redis.NewScript(refund),
 		heartbeat: redis.NewScript(heartbeat),
+		checkSHA:  c.Hash(),
+		checkSrc:  check,
 	}, nil
 }
 
