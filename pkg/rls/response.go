@@ -57,10 +57,12 @@ func outcomeOf(q *limiter.Request, r *limiter.Result) Outcome {
 // response is allocated as one respBlock.
 const smallResponse = 2
 
-// maxHeaders is the largest number of response headers a response carries
-// in one respBlock (IETF on OVER_LIMIT: RateLimit-Policy, RateLimit,
-// Retry-After, Content-Type; draft-03 on OVER_LIMIT has five).
-const maxHeaders = 4
+// maxHeaders is the largest number of response headers kept in a
+// respBlock: the two IETF headers of an OK answer. More (draft-03, or
+// Retry-After and Content-Type on OVER_LIMIT) take one more allocation;
+// room for them in every block would cost more bytes than it saves (the
+// block is sized to fill the 1408-byte size class).
+const maxHeaders = 2
 
 // respBlock holds every message of the response to a request of at most
 // smallResponse descriptors, so that building it costs one allocation
@@ -75,6 +77,14 @@ type respBlock struct {
 	hdrs     [maxHeaders]*corev3.HeaderValue
 	hv       [maxHeaders]corev3.HeaderValue
 	meta     metaBlock
+}
+
+// hdrBlock holds the response headers when they do not fit a respBlock:
+// at most five (draft-03 on OVER_LIMIT: three X-RateLimit-*, Retry-After,
+// Content-Type).
+type hdrBlock struct {
+	hdrs [5]*corev3.HeaderValue
+	hv   [5]corev3.HeaderValue
 }
 
 // metaBlock holds the messages of the dynamic metadata (see metadata).
@@ -335,10 +345,15 @@ func (s *Service) addHeaders(resp *rlsv3.RateLimitResponse, sc *scratch, k int, 
 	values := string(sc.hdr)
 	n := len(sc.hdrNames)
 	var hv []corev3.HeaderValue
-	if blk != nil && n <= maxHeaders {
+	switch {
+	case blk != nil && n <= len(blk.hv):
 		hv = blk.hv[:n:n]
 		resp.ResponseHeadersToAdd = blk.hdrs[:n:n]
-	} else {
+	case n <= len(hdrBlock{}.hv):
+		hb := new(hdrBlock)
+		hv = hb.hv[:n:n]
+		resp.ResponseHeadersToAdd = hb.hdrs[:n:n]
+	default:
 		hv = make([]corev3.HeaderValue, n)
 		resp.ResponseHeadersToAdd = make([]*corev3.HeaderValue, n)
 	}
