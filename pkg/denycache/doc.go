@@ -24,7 +24,8 @@
 // Algorithm, Window) and records the limit's Requests and Burst: a request
 // with other numbers (a configuration change) is not answered by it. A batch
 // the inner limiter admitted deletes the entries of the counters it consumed
-// on, so the figures of an entry never miss this instance's own traffic.
+// on, so an entry's figures do not go stale through this instance's own
+// traffic (unless that traffic raced with the denial in flight).
 //
 // # Why the cached instant is never late
 //
@@ -35,13 +36,12 @@
 // RetryAfter: more than RetryAfter − 1 ms after t, so at a local time later
 // than at + RetryAfter − 1 ms. A local answer at local time now ≤ at +
 // RetryAfter − 1 ms is therefore given at an instant the store would have
-// denied too. The
-// argument needs the local clock (monotonic, see Options.Now) to run no
-// slower than the store's; a store clock that jumps forward is one of the
-// events bounded by Options.MaxTTL (below). The clock for a local answer is
-// read after the entries were looked up, so that the instant the answer
-// stands for lies both within the Check call and after the store decision
-// that created each entry.
+// denied too. The argument needs the local clock (monotonic, see
+// Options.Now) to run no slower than the store's; a store clock that jumps
+// forward is one of the events bounded by Options.MaxTTL (below). The clock
+// for a local answer is read after the entries were looked up, so that the
+// instant the answer stands for lies both within the Check call and after
+// the store decision that created each entry.
 //
 // With a shared millisecond clock (the tests: pkg/memorybackend or Redis
 // with an injected clock) the entry expires exactly at the last denied
@@ -56,12 +56,11 @@
 //
 //   - RetryAfter = RetryAfter − e ≥ 1 ms. It is exact when no other
 //     instance uses the counter; otherwise it may be early (their traffic
-//     postpones the true instant, and the store decided after at). An early
-//     Retry-After is the
-//     safe direction: the client retries and is denied again with a fresh
-//     figure; a late one would make it wait for nothing. Compared with the
-//     true instant it is never later by more than the store clock's
-//     granularity (under 1 ms).
+//     postpones the true instant, and the store decided after at). Early is
+//     the safe direction for Retry-After: the client retries and is denied
+//     again with a fresh figure, whereas a late one would make it wait for
+//     nothing. It is never later than the true instant by more than the
+//     store clock's granularity (under 1 ms).
 //   - ResetAfter: fixed and sliding windows report the time to the end of
 //     the current window, a function of the clock alone, aged modulo the
 //     window; a token bucket's time until full shrinks one for one; a sliding
@@ -96,7 +95,7 @@
 //     gives the hits back when another slot denies; a request on the first
 //     slot between the two calls is denied on the inflated count. Without
 //     the cache this over-denial lasts for the refund's round trip; with it,
-//     for that request's RetryAfter on this instance.
+//     for that request's RetryAfter (at most MaxTTL) on this instance.
 //   - Counters lost or reset: a Redis restart without persistence, FLUSHDB or
 //     DEL by an operator, a failover to a replica that missed writes,
 //     eviction under maxmemory.
@@ -114,7 +113,7 @@
 // they are looked up; an insert into a full shard first deletes the shard's
 // expired entries (at most once per expiry instant, so a full shard of live
 // entries costs no scan) and is skipped when the shard is still full. There
-// is no background goroutine.
+// is no background goroutine. Stats and Len report what the cache does.
 //
 // A *Cache is safe for concurrent use.
 package denycache
