@@ -105,3 +105,55 @@ func TestRedisHotKey(t *testing.T) {
 		})
 	}
 }
+
+// TestRedisRealClock checks the timing argument on real clocks: a Cache on
+// time.Now in front of redis-server on Redis TIME. Whenever the Cache has
+// answered a denial locally and its entry is still valid after the answer,
+// a check-only request sent straight to Redis must be denied too.
+func TestRedisRealClock(t *testing.T) {
+	r := testenv.RedisServer(t)
+	for _, alg := range algorithms {
+		t.Run(alg.String(), func(t *testing.T) {
+			b, err := redisbackend.New(redisbackend.Options{URL: "redis://" + r.Addr, KeyPrefix: "real-" + alg.String() + ":"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			c, err := New(b, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			q := limiter.Request{Key: "hot", Limit: limiter.Limit{Algorithm: alg, Requests: 3, Window: 50 * time.Millisecond}, Hits: 1}
+			probe := q
+			probe.Hits = 0
+			id := identOf(&q)
+			s := c.shardOf(&id)
+			probes := 0
+			for range 3000 {
+				before := c.Stats().Answered
+				res := check(t, c, q)[0]
+				if c.Stats().Answered == before {
+					continue // the store decided
+				}
+				if res.Allowed {
+					t.Fatalf("a local answer admitted: %+v", res)
+				}
+				s.mu.Lock()
+				e, ok := s.m[id]
+				s.mu.Unlock()
+				if !ok || c.clock() > e.until {
+					continue
+				}
+				probes++
+				if p := check(t, b, probe)[0]; p.Allowed {
+					t.Fatalf("the Cache's entry was valid (until %v after its store call) but Redis admits: %+v",
+						time.Duration(e.until-e.at), p)
+				}
+			}
+			if probes == 0 {
+				t.Fatal("no local answer was probed")
+			}
+			t.Logf("%d local answers confirmed by Redis", probes)
+		})
+	}
+}
