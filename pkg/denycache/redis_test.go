@@ -107,18 +107,29 @@ func TestRedisHotKey(t *testing.T) {
 }
 
 // TestRedisRealClock checks the timing argument on real clocks: a Cache on
-// time.Now in front of redis-server on Redis TIME. Whenever the Cache has
-// answered a denial locally and its entry is still valid after the answer,
-// a check-only request sent straight to Redis must be denied too.
+// time.Now in front of redis-server deciding at the real time (read when
+// each call is sent, floored to the millisecond as Redis TIME is). Whenever
+// the Cache has answered a denial locally and its entry is still valid
+// after the answer, a check-only request decided by Redis at exactly that
+// later instant must be denied too.
 func TestRedisRealClock(t *testing.T) {
 	r := testenv.RedisServer(t)
 	for _, alg := range algorithms {
 		t.Run(alg.String(), func(t *testing.T) {
-			b, err := redisbackend.New(redisbackend.Options{URL: "redis://" + r.Addr, KeyPrefix: "real-" + alg.String() + ":"})
+			prefix := "real-" + alg.String() + ":"
+			b, err := redisbackend.New(redisbackend.Options{URL: "redis://" + r.Addr, KeyPrefix: prefix, Now: time.Now})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer b.Close()
+			// The prober decides at the instant the test chooses.
+			var probeAt time.Time
+			prober, err := redisbackend.New(redisbackend.Options{URL: "redis://" + r.Addr, KeyPrefix: prefix,
+				Now: func() time.Time { return probeAt }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer prober.Close()
 			c, err := New(b, Options{})
 			if err != nil {
 				t.Fatal(err)
@@ -141,13 +152,14 @@ func TestRedisRealClock(t *testing.T) {
 				s.mu.Lock()
 				e, ok := s.m[id]
 				s.mu.Unlock()
-				if !ok || c.clock() > e.until {
+				probeAt = time.Now()
+				if !ok || int64(probeAt.Sub(c.epoch)) > e.until {
 					continue
 				}
 				probes++
-				if p := check(t, b, probe)[0]; p.Allowed {
-					t.Fatalf("the Cache's entry was valid (until %v after its store call) but Redis admits: %+v",
-						time.Duration(e.until-e.at), p)
+				if p := check(t, prober, probe)[0]; p.Allowed {
+					t.Fatalf("the Cache's entry is valid for %v more (%v after its store call), but Redis admits then: %+v",
+						time.Duration(e.until-int64(probeAt.Sub(c.epoch))), time.Duration(e.until-e.at), p)
 				}
 			}
 			if probes == 0 {
