@@ -71,7 +71,7 @@ func startDebugHarness(t *testing.T, dir string, o debugOptions) debugTarget {
 	mem := memorybackend.New(memorybackend.Options{})
 	t.Cleanup(func() { mem.Close() })
 	dbg := newDebugTools(o, nil)
-	svc, err := rls.New(rls.Options{Config: fixedConfig{cfg}, Limiter: mem, Observer: dbg.observer(rlsObserver{m})})
+	svc, err := rls.New(rls.Options{Config: fixedConfig{cfg}, Limiter: mem, Observer: dbg.observer(rlsObserver{m: m})})
 	if err != nil {
 		t.Fatal(err)
 	}

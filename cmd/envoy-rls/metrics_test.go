@@ -83,8 +83,10 @@ descriptors:
     rate_limit: {name: shadowed, unit: hour, requests_per_unit: 1}
   - key: free
     rate_limit: {unlimited: true}
+  - key: near
+    rate_limit: {name: near, unit: hour, requests_per_unit: 10}
 `)
-	r := startServe(t, serveOptions{configDir: dir})
+	r := startServe(t, serveOptions{configDir: dir, nearLimit: 0.8})
 	call := func(domain string, d ...*commonrl.RateLimitDescriptor) {
 		t.Helper()
 		if _, err := r.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: domain, Descriptors: d}); err != nil {
@@ -98,6 +100,9 @@ descriptors:
 		call("m", desc("shadow", "x"))
 	}
 	call("m", desc("free", "x"))
+	for range 10 { // used 1..10 of 10: the 8th, 9th and 10th are at or above 0.8
+		call("m", desc("near", "x"))
+	}
 	call("m", desc("nothing", "x"))
 	call("nowhere", desc("ip", "1.2.3.4"))
 	_, err := r.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: ""})
@@ -118,11 +123,13 @@ descriptors:
 		{"envoy_rls_decisions_total", []string{"domain", "m", "decision", "unlimited"}, 1},
 		{"envoy_rls_decisions_total", []string{"domain", "m", "decision", "no_rule"}, 1},
 		{"envoy_rls_unknown_domain_requests_total", nil, 1},
-		{"envoy_rls_requests_total", []string{"code", "OK"}, 7},
+		{"envoy_rls_near_limit_total", []string{"domain", "m", "limit", "near"}, 3},
+		{"envoy_rls_near_limit_total", []string{"domain", "m", "limit", "per_ip"}, 1}, // 1 of 2 is 0.5; 2 of 2 counts
+		{"envoy_rls_requests_total", []string{"code", "OK"}, 17},
 		{"envoy_rls_requests_total", []string{"code", "OVER_LIMIT"}, 1},
 		{"envoy_rls_requests_total", []string{"code", "InvalidArgument"}, 1},
-		{"envoy_rls_request_duration_seconds", nil, 9},
-		{"envoy_rls_config_rules", []string{"domain", "m"}, 3},
+		{"envoy_rls_request_duration_seconds", nil, 19},
+		{"envoy_rls_config_rules", []string{"domain", "m"}, 4},
 		{"envoy_rls_config_last_reload_successful", nil, 1},
 		{"envoy_rls_fallback_active", nil, 0},
 		{"envoy_rls_circuit_breaker_state", []string{"state", "closed"}, 1},

@@ -14,7 +14,12 @@ import (
 )
 
 // rlsObserver feeds the service's decisions into the metrics.
-type rlsObserver struct{ m *metrics.Metrics }
+type rlsObserver struct {
+	m *metrics.Metrics
+	// nearLimit is the used fraction of a limit from which an admitted
+	// decision counts as near the limit; 0 or less turns it off.
+	nearLimit float64
+}
 
 func (o rlsObserver) ObserveDecision(d rls.Decision) {
 	source := ""
@@ -23,6 +28,10 @@ func (o rlsObserver) ObserveDecision(d rls.Decision) {
 		source = d.Source.String()
 	}
 	o.m.Decision(d.Domain, d.Rule, d.Limit, d.Outcome.String(), source)
+	if d.Outcome == rls.OutcomeOK && o.nearLimit > 0 && d.Capacity > 0 &&
+		float64(d.Capacity-min(d.Remaining, d.Capacity)) >= o.nearLimit*float64(d.Capacity) {
+		o.m.NearLimit(d.Domain, d.Rule, d.Limit)
+	}
 }
 
 func (o rlsObserver) UnknownDomain(string) { o.m.UnknownDomain() }

@@ -43,6 +43,7 @@ type serveOptions struct {
 	logLevel       string
 	logFormat      string
 	drainTimeout   time.Duration
+	nearLimit      float64
 	store          storeOptions
 	debug          debugOptions
 }
@@ -60,6 +61,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&o.shadow, "shadow", false, "shadow mode for every rule: count and report, never deny")
 	fs.StringVar(&o.logLevel, "log.level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&o.logFormat, "log.format", "text", "log format: text or json")
+	fs.Float64Var(&o.nearLimit, "metrics.near-limit-ratio", 0.8, "used fraction of a limit from which an admitted request counts in envoy_rls_near_limit_total (0 disables it)")
 	fs.DurationVar(&o.drainTimeout, "shutdown.drain-timeout", 10*time.Second, "how long a graceful stop waits for in-flight requests")
 	o.store.register(fs)
 	o.debug.register(fs)
@@ -167,7 +169,7 @@ func serve(ctx context.Context, o serveOptions, log *slog.Logger, hup <-chan os.
 		Headers:  headers,
 		Shadow:   o.shadow,
 		Logger:   log,
-		Observer: dbg.observer(rlsObserver{m}),
+		Observer: dbg.observer(rlsObserver{m: m, nearLimit: o.nearLimit}),
 	})
 	if err != nil {
 		return err

@@ -12,6 +12,7 @@ import (
 // Metrics records what the service does. Create it with New.
 type Metrics struct {
 	decisions       *prometheus.CounterVec
+	nearLimit       *prometheus.CounterVec
 	unknownDomain   prometheus.Counter
 	requests        *prometheus.CounterVec
 	requestDuration prometheus.Histogram
@@ -42,6 +43,10 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "envoy_rls_decisions_total",
 			Help: "Decisions on configured limits and descriptors, by domain, rule, limit, decision (ok, over_limit, shadow_over_limit, unlimited, no_rule) and source (store, fallback, failure_mode_allow, failure_mode_deny; empty for unlimited and no_rule).",
 		}, []string{"domain", "rule", "limit", "decision", "source"}),
+		nearLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "envoy_rls_near_limit_total",
+			Help: "Admitted decisions after which the client had used at least --metrics.near-limit-ratio (default 0.8) of the limit: who runs close to their limit, before they are denied.",
+		}, []string{"domain", "rule", "limit"}),
 		unknownDomain: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "envoy_rls_unknown_domain_requests_total",
 			Help: "Requests whose domain is not configured (answered OK). The domain is client input and is therefore not a label; the log names each unknown domain once.",
@@ -89,7 +94,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Rules loaded, by domain.",
 		}, []string{"domain"}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.unknownDomain, m.requests, m.requestDuration,
+	for _, c := range []prometheus.Collector{m.decisions, m.nearLimit, m.unknownDomain, m.requests, m.requestDuration,
 		m.storeDuration, m.storeErrors, m.fallbackActive, m.breakerState, m.reloads, m.lastReloadOK,
 		m.lastReloadTime, m.rules} {
 		if err := reg.Register(c); err != nil {
@@ -103,6 +108,12 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 // Decision counts one decision.
 func (m *Metrics) Decision(domain, rule, limit, decision, source string) {
 	m.decisions.WithLabelValues(domain, rule, limit, decision, source).Inc()
+}
+
+// NearLimit counts one admitted decision that left the client close to its
+// limit.
+func (m *Metrics) NearLimit(domain, rule, limit string) {
+	m.nearLimit.WithLabelValues(domain, rule, limit).Inc()
 }
 
 // UnknownDomain counts one request for a domain that is not configured.

@@ -172,6 +172,11 @@ type Decision struct {
 	// Source says who decided (store, fallback, failure_mode_*); only
 	// meaningful for OutcomeOK, OutcomeOverLimit and OutcomeShadowOverLimit.
 	Source limiter.Source
+	// Capacity and Remaining are the limit's capacity (requests, or burst
+	// for a token bucket; 0 for a blocked limit) and what remained after
+	// the decision, so an observer can tell how close a client runs to its
+	// limit. Zero for OutcomeUnlimited and OutcomeNoRule.
+	Capacity, Remaining uint64
 }
 
 // Observer receives what the Service decided, for metrics. It is called on

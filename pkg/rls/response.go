@@ -146,6 +146,7 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch) *rlsv3.RateL
 				d := Decision{
 					Domain: req.Domain, Rule: m.ruleName, Limit: m.name,
 					Outcome: outcomeOf(q, r), Source: r.Source,
+					Capacity: q.Limit.Capacity(), Remaining: r.Remaining,
 				}
 				s.obs.ObserveDecision(d)
 				if d.Outcome != OutcomeOK {
