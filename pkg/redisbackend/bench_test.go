@@ -3,6 +3,8 @@ package redisbackend
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -75,5 +77,76 @@ func BenchmarkBaseKey(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		buf = appendBaseKey(buf[:0], DefaultKeyPrefix, &r)
+	}
+}
+
+// BenchmarkMemoryPerKey reports Redis memory per counter (redis-B/key: the
+// growth of INFO memory used_memory divided by the number of counters,
+// dictionary and expiry overhead included) after each operation wrote one
+// new counter: one hit on a fresh key (1 bucket for the windows), or for
+// sliding_window/active one hit in each of two consecutive windows (the two
+// buckets a counter in steady use keeps). Run it with many keys, e.g.
+//
+//	go test -run '^$' -bench MemoryPerKey -benchtime 100000x ./pkg/redisbackend
+func BenchmarkMemoryPerKey(b *testing.B) {
+	r := testenv.RedisServer(b)
+	c := r.Client()
+	ctx := context.Background()
+	used := func() int64 {
+		info, err := c.Info(ctx, "memory").Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, l := range strings.Split(info, "\r\n") {
+			if v, ok := strings.CutPrefix(l, "used_memory:"); ok {
+				n, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					b.Fatal(err)
+				}
+				return n
+			}
+		}
+		b.Fatal("INFO memory has no used_memory")
+		return 0
+	}
+	cases := []struct {
+		name    string
+		alg     limiter.Algorithm
+		windows int
+	}{
+		{"sliding_window", limiter.SlidingWindow, 1},
+		{"sliding_window/active", limiter.SlidingWindow, 2},
+		{"fixed_window", limiter.FixedWindow, 1},
+		{"token_bucket", limiter.TokenBucket, 1},
+		{"sliding_log", limiter.SlidingLog, 1},
+	}
+	for _, tc := range cases {
+		b.Run(tc.name, func(b *testing.B) {
+			if err := c.FlushAll(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			ms := int64(1_767_225_600_137)
+			be := newSingle(b, r, DefaultKeyPrefix, func() time.Time { return time.UnixMilli(ms) })
+			l := limiter.Limit{Algorithm: tc.alg, Requests: 100, Window: time.Minute}
+			res := make([]limiter.Result, 1)
+			// Load the script before measuring.
+			if err := be.Check(ctx, []limiter.Request{{Key: "warm-up", Limit: l}}, res); err != nil {
+				b.Fatal(err)
+			}
+			before := used()
+			i := 0
+			for b.Loop() {
+				q := []limiter.Request{{Key: key("edge", "per_ip", "remote_address", "10.0.0."+strconv.Itoa(i)), Limit: l, Hits: 1}}
+				for w := range tc.windows {
+					ms += int64(w) * l.Window.Milliseconds()
+					if err := be.Check(ctx, q, res); err != nil {
+						b.Fatal(err)
+					}
+					ms -= int64(w) * l.Window.Milliseconds()
+				}
+				i++
+			}
+			b.ReportMetric(float64(used()-before)/float64(b.N), "redis-B/key")
+		})
 	}
 }
