@@ -7,7 +7,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/envoy-rls/envoy-rls/pkg/denycache"
 	"github.com/envoy-rls/envoy-rls/pkg/failsoft"
+	"github.com/envoy-rls/envoy-rls/pkg/limiter"
 	"github.com/envoy-rls/envoy-rls/pkg/memorybackend"
 	"github.com/envoy-rls/envoy-rls/pkg/metrics"
 	"github.com/envoy-rls/envoy-rls/pkg/redisbackend"
@@ -40,6 +42,13 @@ func openRedisStore(ctx context.Context, o storeOptions, log *slog.Logger, m *me
 		return nil, err
 	}
 	mem := memorybackend.New(memorybackend.Options{})
+	opened := false
+	defer func() {
+		if !opened {
+			mem.Close()
+			rb.Close()
+		}
+	}()
 	fs, err := failsoft.New(failsoft.Options{
 		Primary:   m.InstrumentStore(rb, time.Now),
 		Fallback:  mem,
@@ -49,13 +58,9 @@ func openRedisStore(ctx context.Context, o storeOptions, log *slog.Logger, m *me
 		Observer:  m,
 	})
 	if err != nil {
-		mem.Close()
-		rb.Close()
 		return nil, err
 	}
 	if err := m.InstancesFunc(fs.Instances); err != nil {
-		mem.Close()
-		rb.Close()
 		return nil, err
 	}
 	if err := rb.Ping(ctx); err != nil {
@@ -63,6 +68,24 @@ func openRedisStore(ctx context.Context, o storeOptions, log *slog.Logger, m *me
 		// Redis answers, so a Redis restart never takes the gateway down.
 		log.Warn("Redis is not reachable yet; deciding by each rule's failure_mode until it is", "err", err)
 	}
+	var lim limiter.Limiter = fs
+	if o.denyCacheEntries > 0 && (len(o.redisClusterAddrs) == 0 || o.denyCacheCluster) {
+		// Outside the fail-soft layer: answers from the cache must not
+		// count as store successes for the breaker, and are not store
+		// calls for envoy_rls_store_duration_seconds.
+		dc, err := denycache.New(fs, denycache.Options{MaxEntries: o.denyCacheEntries, MaxTTL: o.denyCacheMaxTTL})
+		if err != nil {
+			return nil, fmt.Errorf("--deny-cache.*: %w", err)
+		}
+		if err := m.DenyCache(func() metrics.DenyCacheStats {
+			st := dc.Stats()
+			return metrics.DenyCacheStats{Answered: st.Answered, Forwarded: st.Forwarded, Skipped: st.Skipped, Entries: dc.Len()}
+		}); err != nil {
+			return nil, err
+		}
+		lim = dc
+	}
+	opened = true
 	runCtx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -74,7 +97,7 @@ func openRedisStore(ctx context.Context, o storeOptions, log *slog.Logger, m *me
 	}()
 	return &store{
 		name:    "redis",
-		limiter: fs,
+		limiter: lim,
 		ready:   rb.Ping,
 		closers: []func() error{
 			rb.Close,

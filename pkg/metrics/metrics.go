@@ -177,6 +177,40 @@ func (m *Metrics) InstancesFunc(f func() int) error {
 	}, func() float64 { return float64(f()) }))
 }
 
+// DenyCacheStats are the counters of the deny cache at one instant.
+type DenyCacheStats struct {
+	Answered, Forwarded, Skipped uint64
+	Entries                      int
+}
+
+// DenyCache exports the deny cache's counters, read from stats at scrape
+// time.
+func (m *Metrics) DenyCache(stats func() DenyCacheStats) error {
+	for _, c := range []prometheus.Collector{
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "envoy_rls_deny_cache_answered_total",
+			Help: "Requests answered OVER_LIMIT from the deny cache without a Redis call (every limit of the request was known to be denied until a later instant).",
+		}, func() float64 { return float64(stats().Answered) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "envoy_rls_deny_cache_forwarded_total",
+			Help: "Requests the deny cache passed on to the store.",
+		}, func() float64 { return float64(stats().Forwarded) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "envoy_rls_deny_cache_skipped_total",
+			Help: "Denials not remembered because the cache was full of live entries (raise --deny-cache.max-entries if this grows).",
+		}, func() float64 { return float64(stats().Skipped) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "envoy_rls_deny_cache_entries",
+			Help: "Counters currently remembered as denied.",
+		}, func() float64 { return float64(stats().Entries) }),
+	} {
+		if err := m.registerer.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // InstrumentStore returns a limiter.Limiter that times every call of l in
 // envoy_rls_store_duration_seconds.
 func (m *Metrics) InstrumentStore(l limiter.Limiter, now func() time.Time) limiter.Limiter {
