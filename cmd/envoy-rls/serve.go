@@ -325,11 +325,8 @@ func (s *server) debugMux() *http.ServeMux {
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	mux.HandleFunc("GET /debug/config", func(w http.ResponseWriter, r *http.Request) {
-		cfg := s.watcher.Current()
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		for _, d := range cfg.Domains() {
-			fmt.Fprintf(w, "domain %s (%s): %d rules, %d limits\n", d.Domain, d.File, d.Rules, d.Limits)
-		}
+		writeConfig(w, s.watcher.Current())
 	})
 	s.dbg.register(mux) // /debug/explain, /debug/top
 	return mux

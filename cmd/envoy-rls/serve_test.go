@@ -122,8 +122,10 @@ descriptors:
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if !strings.Contains(string(body), "domain t") {
-		t.Errorf("/debug/config = %q, want the loaded domain", body)
+	for _, want := range []string{"domain t (", "  k ", "sliding_window", "2/1h0m0s", "fallback", "t.yaml:5:17"} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/debug/config lacks %q:\n%s", want, body)
+		}
 	}
 
 	var codes []rlsv3.RateLimitResponse_Code
