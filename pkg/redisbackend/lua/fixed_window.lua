@@ -9,13 +9,9 @@
 
 local fixed_window = {}
 
-local function fw_key(base, b)
-  return base .. ':' .. fmt_int(b)
-end
-
 function fixed_window.load(base, w, now)
   local b = idiv(now, w)
-  return {b = b, n = get_num(fw_key(base, b))}
+  return {b = b, n = get_num(bucket_key(base, b))}
 end
 
 -- decide returns allowed, remaining, reset_ms, retry_ms and the new state.
@@ -45,14 +41,10 @@ function fixed_window.decide(s, now, w, l, cap, c, consume)
 end
 
 function fixed_window.store(base, w, s, now)
-  redis.call('SET', fw_key(base, s.b), fmt_int(s.n), 'PX', px((s.b + 1) * w - now))
+  redis.call('SET', bucket_key(base, s.b), fmt_int(s.n), 'PX', px((s.b + 1) * w - now))
 end
 
 -- refund takes back c hits admitted at now (Cluster: another slot denied).
 function fixed_window.refund(base, w, c, l, now)
-  local key = fw_key(base, idiv(now, w))
-  local v = redis.call('GET', key)
-  if v then
-    redis.call('SET', key, fmt_int(math.max(0, tonumber(v) - c)), 'KEEPTTL')
-  end
+  refund_bucket(base, w, c, now)
 end

@@ -55,3 +55,19 @@ local function get_num(key)
   end
   return tonumber(v)
 end
+
+-- bucket_key is the key of bucket b of a windowed counter: <base>:<b>.
+local function bucket_key(base, b)
+  return base .. ':' .. fmt_int(b)
+end
+
+-- refund_bucket takes back c hits admitted at now from the current bucket of
+-- a windowed counter (Cluster: another slot denied), never below 0, keeping
+-- the key's expiry.
+local function refund_bucket(base, w, c, now)
+  local key = bucket_key(base, idiv(now, w))
+  local v = redis.call('GET', key)
+  if v then
+    redis.call('SET', key, fmt_int(math.max(0, tonumber(v) - c)), 'KEEPTTL')
+  end
+end

@@ -9,10 +9,6 @@
 
 local sliding_window = {}
 
-local function sw_key(base, b)
-  return base .. ':' .. fmt_int(b)
-end
-
 -- sw_weight is ceil(prev·(W−elapsed)/W), multiply then divide, in doubles.
 local function sw_weight(prev, elapsed, w)
   if prev == 0 then
@@ -65,7 +61,7 @@ end
 
 function sliding_window.load(base, w, now)
   local b = idiv(now, w)
-  return {b = b, cur = get_num(sw_key(base, b)), prev = get_num(sw_key(base, b - 1))}
+  return {b = b, cur = get_num(bucket_key(base, b)), prev = get_num(bucket_key(base, b - 1))}
 end
 
 -- decide returns allowed, remaining, reset_ms, retry_ms and the new state.
@@ -97,14 +93,10 @@ function sliding_window.decide(s, now, w, l, cap, c, consume)
 end
 
 function sliding_window.store(base, w, s, now)
-  redis.call('SET', sw_key(base, s.b), fmt_int(s.cur), 'PX', px((s.b + 2) * w - now))
+  redis.call('SET', bucket_key(base, s.b), fmt_int(s.cur), 'PX', px((s.b + 2) * w - now))
 end
 
 -- refund takes back c hits admitted at now (Cluster: another slot denied).
 function sliding_window.refund(base, w, c, l, now)
-  local key = sw_key(base, idiv(now, w))
-  local v = redis.call('GET', key)
-  if v then
-    redis.call('SET', key, fmt_int(math.max(0, tonumber(v) - c)), 'KEEPTTL')
-  end
+  refund_bucket(base, w, c, now)
 end
