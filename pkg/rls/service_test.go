@@ -24,6 +24,7 @@ import (
 	"github.com/envoy-rls/envoy-rls/pkg/algorithm"
 	"github.com/envoy-rls/envoy-rls/pkg/descriptors"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+	"github.com/envoy-rls/envoy-rls/pkg/limiter/limitertest"
 )
 
 // testYAML is the descriptor configuration most tests use. Most limits are
@@ -66,16 +67,16 @@ descriptors:
 
 var testFiles = map[string]string{"test.yaml": testYAML}
 
-// model is the reference the tests compare the service with: pkg/algorithm
-// applied with the batch semantics of limiter.Limiter (all-or-nothing; a
-// request sees earlier requests of the batch on the same counter).
+// model is the reference the tests compare the service with: the shared
+// limitertest.Model (pkg/algorithm with the batch semantics of
+// limiter.Limiter) on the test's clock.
 type model struct {
-	st  map[string]algorithm.State
+	m   *limitertest.Model
 	now func() int64
 }
 
 func newModel(c *clock) *model {
-	return &model{st: map[string]algorithm.State{}, now: func() int64 { return c.ms.Load() }}
+	return &model{m: limitertest.NewModel(), now: func() int64 { return c.ms.Load() }}
 }
 
 type mreq struct {
@@ -86,30 +87,14 @@ type mreq struct {
 }
 
 func (m *model) batch(reqs ...mreq) []algorithm.Decision {
-	now := m.now()
-	cur := map[string]algorithm.State{}
-	for k, v := range m.st {
-		cur[k] = v
-	}
-	out := make([]algorithm.Decision, len(reqs))
-	ok := true
+	lreqs := make([]limiter.Request, len(reqs))
 	for i, r := range reqs {
-		d, ns := algorithm.Decide(r.limit, cur[r.counter], now, r.hits)
-		out[i] = d
-		if d.Allowed && r.hits > 0 {
-			cur[r.counter] = ns
-		}
-		if !d.Allowed && !r.shadow {
-			ok = false
-		}
+		lreqs[i] = limiter.Request{Key: r.counter, Limit: r.limit, Hits: r.hits, Shadow: r.shadow}
 	}
-	if ok {
-		m.st = cur
-		return out
-	}
-	for i, r := range reqs {
-		d, _ := algorithm.Decide(r.limit, m.st[r.counter], now, 0)
-		out[i].Remaining, out[i].ResetAfter = d.Remaining, d.ResetAfter
+	res, _ := m.m.Check(m.now(), lreqs, false)
+	out := make([]algorithm.Decision, len(res))
+	for i, r := range res {
+		out[i] = algorithm.Decision{Allowed: r.Allowed, Remaining: r.Remaining, ResetAfter: r.ResetAfter, RetryAfter: r.RetryAfter}
 	}
 	return out
 }
@@ -447,6 +432,34 @@ func TestShadowRule(t *testing.T) {
 		}
 		if got := e.obs.take(); len(got) != 1 || got[0].Outcome != wantOutcome || got[0].Limit != "shadow_rule" {
 			t.Errorf("shadow request %d: observed %+v, want %v", i, got, wantOutcome)
+		}
+	}
+}
+
+// TestShadowDenialDoesNotVeto: in one request, a shadow limit that is over
+// its limit neither denies the request nor keeps the enforced limits from
+// consuming; the enforced per_user limit alone decides, and counts.
+func TestShadowDenialDoesNotVeto(t *testing.T) {
+	e := newEnv(t, testFiles, Options{})
+	cfg := e.svc.cfg.Current()
+	shadow := limitOf(t, cfg, "test", "shadow_rule", "shadowed", "s")
+	user := limitOf(t, cfg, "test", "per_user", "user", "u")
+	m := newModel(e.clock)
+	for i := range 7 { // shadow_rule allows 1, per_user 5
+		want := m.batch(mreq{"s", shadow.Limit, 1, true}, mreq{"u", user.Limit, 1, false})
+		resp := e.must(request("test", desc("shadowed", "s"), desc("user", "u")))
+		wantCode := rlsv3.RateLimitResponse_OK
+		if !want[1].Allowed {
+			wantCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		if resp.OverallCode != wantCode {
+			t.Fatalf("request %d: overall %v, want %v (shadow allowed %v, per_user allowed %v)",
+				i, resp.OverallCode, wantCode, want[0].Allowed, want[1].Allowed)
+		}
+		checkStatus(t, fmt.Sprintf("request %d shadow", i), resp.Statuses[0], rlsv3.RateLimitResponse_OK, shadow, want[0])
+		checkStatus(t, fmt.Sprintf("request %d per_user", i), resp.Statuses[1], wantCode, user, want[1])
+		if i >= 1 && want[0].Allowed {
+			t.Fatalf("model admitted shadow request %d of a 1-request window", i)
 		}
 	}
 }
