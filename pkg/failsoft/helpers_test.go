@@ -60,12 +60,6 @@ func (r *recorder) snapshot() (fallback []bool, states []string, errs map[string
 	return slices.Clone(r.fallback), slices.Clone(r.states), errs
 }
 
-// sawState reports whether the breaker reported state s.
-func (r *recorder) sawState(s string) bool {
-	_, states, _ := r.snapshot()
-	return slices.Contains(states, s)
-}
-
 // logs is a slog.Handler that keeps every record's message and also writes it
 // to the test log.
 type logs struct {

@@ -62,7 +62,7 @@ func TestKeysDistinct(t *testing.T) {
 	if a, b := baseKey("rls:", same[0]), baseKey("rls:", same[1]); a != b {
 		t.Errorf("the limit and burst must not change the counter: %s vs %s", a, b)
 	}
-	if got := baseKey("x:", same[0]); !regexp.MustCompile(`^x:\{[A-Za-z0-9_-]{22}\}$`).MatchString(got) {
+	if got := baseKey("x:", same[0]); !regexp.MustCompile(fmt.Sprintf(`^x:\{[A-Za-z0-9_-]{%d}\}$`, idLen)).MatchString(got) {
 		t.Errorf("base key %q does not match the documented format", got)
 	}
 }
@@ -114,7 +114,7 @@ func TestScanShowsOnlyDocumentedKeys(t *testing.T) {
 	if _, err := b.Beat(ctx, "instance-{1}", time.Minute); err != nil {
 		t.Fatalf("Beat: %v", err)
 	}
-	pattern := regexp.MustCompile(`^rls:(\{[A-Za-z0-9_-]{22}\}:(tb|log|[0-9]+)|instances)$`)
+	pattern := regexp.MustCompile(fmt.Sprintf(`^rls:(\{[A-Za-z0-9_-]{%d}\}:(tb|log|[0-9]+)|instances)$`, idLen))
 	keys, err := r.Client().Keys(ctx, "*").Result()
 	if err != nil {
 		t.Fatalf("KEYS: %v", err)
