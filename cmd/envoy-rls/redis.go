@@ -29,6 +29,8 @@ func openRedisStore(ctx context.Context, o storeOptions, log *slog.Logger, m *me
 		PoolSize:       o.redisPoolSize,
 		KeyPrefix:      o.redisKeyPrefix,
 		Timeout:        o.redisTimeout,
+
+		DisableFunctions: !o.redisFunctions,
 	}
 	if o.redisTLSCA != "" || o.redisTLSCert != "" || o.redisTLSServerName != "" || o.redisTLSInsecure {
 		tlsCfg, err := redisbackend.TLSConfig(o.redisTLSCA, o.redisTLSCert, o.redisTLSKey, o.redisTLSServerName, o.redisTLSInsecure)
@@ -67,6 +69,10 @@ func openRedisStore(ctx context.Context, o storeOptions, log *slog.Logger, m *me
 		// Not fatal: the service starts and decides by failure_mode until
 		// Redis answers, so a Redis restart never takes the gateway down.
 		log.Warn("Redis is not reachable yet; deciding by each rule's failure_mode until it is", "err", err)
+	} else if rb.UsesFunctions() {
+		log.Info("Redis checks run as a Redis Function (FCALL)")
+	} else {
+		log.Info("Redis checks run as scripts (EVALSHA)", "reason", scriptsReason(o.redisFunctions))
 	}
 	var lim limiter.Limiter = fs
 	if o.denyCacheEntries > 0 && (len(o.redisClusterAddrs) == 0 || o.denyCacheCluster) {
@@ -116,4 +122,12 @@ func openRedisStore(ctx context.Context, o storeOptions, log *slog.Logger, m *me
 			},
 		},
 	}, nil
+}
+
+// scriptsReason says why checks run as scripts rather than as a Function.
+func scriptsReason(functionsFlag bool) string {
+	if !functionsFlag {
+		return "--redis.functions=false"
+	}
+	return "the server does not support Redis Functions or the ACL forbids FUNCTION/FCALL"
 }

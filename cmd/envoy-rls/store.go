@@ -27,6 +27,7 @@ type storeOptions struct {
 	redisPoolSize       int
 	redisKeyPrefix      string
 	redisTimeout        time.Duration
+	redisFunctions      bool
 	fallbackInstances   int
 	denyCacheEntries    int
 	denyCacheMaxTTL     time.Duration
@@ -48,6 +49,7 @@ func (o *storeOptions) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.redisPoolSize, "redis.pool-size", 0, "connections per Redis node (0: 10 per CPU)")
 	fs.StringVar(&o.redisKeyPrefix, "redis.key-prefix", "rls:", "prefix of every Redis key")
 	fs.DurationVar(&o.redisTimeout, "redis.timeout", 25*time.Millisecond, "upper bound of one Redis call, kept well under Envoy's rate-limit timeout so a slow Redis becomes a failure_mode answer in time; the incoming gRPC deadline (minus 5ms) may shorten it")
+	fs.BoolVar(&o.redisFunctions, "redis.functions", true, "run the check as a Redis Function (FCALL, Redis >= 7.0; loaded with FUNCTION LOAD on first use); servers without Functions or whose ACL forbids them are detected and served with EVALSHA; false always uses EVALSHA")
 	fs.IntVar(&o.denyCacheEntries, "deny-cache.max-entries", 100000, "counters remembered as denied until their exact retry instant, answered without Redis (0 disables the cache)")
 	fs.DurationVar(&o.denyCacheMaxTTL, "deny-cache.max-ttl", time.Second, "longest time a denial is answered from the cache; bounds over-denial when a counter is reset behind envoy-rls's back")
 	fs.BoolVar(&o.denyCacheCluster, "deny-cache.cluster", false, "use the deny cache with --redis.cluster-addrs too (a cross-slot refund can end a denial before the cached instant; --deny-cache.max-ttl bounds the over-denial)")

@@ -35,6 +35,16 @@ type Backend struct {
 	// not allocate for them.
 	flags [2]any
 
+	// functions is set while checks run as a Redis Function (FCALL); it is
+	// cleared for good when the server lacks Functions or forbids them,
+	// and checks run as a script (EVALSHA) from then on.
+	functions atomic.Bool
+	// loadSem admits one FUNCTION LOAD at a time; loads counts completed
+	// loads, so that callers that failed before a load finished retry
+	// instead of loading again.
+	loadSem chan struct{}
+	loads   atomic.Uint64
+
 	refundErrors atomic.Uint64
 }
 
@@ -87,7 +97,9 @@ func newBackend(c redis.UniversalClient, opts Options) (*Backend, error) {
 		timeout: opts.Timeout,
 		now:     opts.Now,
 		scripts: s,
+		loadSem: make(chan struct{}, 1),
 	}
+	b.functions.Store(!opts.DisableFunctions)
 	if b.prefix == "" {
 		b.prefix = DefaultKeyPrefix
 	}
@@ -117,7 +129,9 @@ func (b *Backend) Close() error {
 }
 
 // Ping reports whether Redis answers (every master in Cluster mode), for
-// readiness probes. Errors wrap limiter.ErrUnavailable.
+// readiness probes. Until a Functions library load succeeded it also loads
+// the library (see Options.DisableFunctions), so that the first check does
+// not pay for it. Errors wrap limiter.ErrUnavailable.
 func (b *Backend) Ping(ctx context.Context) error {
 	ctx, cancel := b.bound(ctx)
 	defer cancel()
@@ -131,6 +145,15 @@ func (b *Backend) Ping(ctx context.Context) error {
 	}
 	if err != nil {
 		return unavailable(ctx, "ping", err)
+	}
+	if b.functions.Load() && b.loads.Load() == 0 {
+		// Warm up: load the library now rather than on the first check.
+		if err := b.loadLibrary(ctx, 0); err != nil {
+			if !isUnsupported(err) {
+				return unavailable(ctx, "load the function library", err)
+			}
+			b.functions.Store(false)
+		}
 	}
 	return nil
 }
@@ -320,14 +343,47 @@ func (b *Backend) call(ctx context.Context, reqs []limiter.Request, idx []int, r
 }
 
 // runCheck runs check.lua on keys and argv (argv[1], the flags, is given
-// boxed as flags) with EVALSHA, and with EVAL when Redis does not know the
-// script yet, as redis.Script.Run does. It builds the command in bt.cmd with
-// every key and argument passed as a *string into keys and argv, which
-// go-redis writes as the string, so that no argument is boxed on the heap;
-// keys and argv must stay unchanged until the returned command has been
-// read.
+// boxed as flags): with FCALL while b.functions is set, loading the library
+// when the server does not have it (a restart without persistence, FUNCTION
+// FLUSH) and falling back to scripts for good when the server has no
+// Functions; otherwise with EVALSHA, and with EVAL when Redis does not know
+// the script yet, as redis.Script.Run does. Every retry here follows an
+// error that Redis returns before running anything, so no check is ever
+// counted twice. keys and argv must stay unchanged until the returned
+// command has been read.
 func (b *Backend) runCheck(ctx context.Context, bt *batch, keys, argv []string, flags any) *redis.Cmd {
-	args := append(bt.cmd[:0], "evalsha", b.scripts.checkSHA, len(keys))
+	if b.functions.Load() {
+		loads := b.loads.Load()
+		cmd := b.sendCheck(ctx, bt, "fcall", b.scripts.checkFn, keys, argv, flags)
+		err := cmd.Err()
+		if err == nil || (!isFunctionMissing(err) && !isUnsupported(err)) {
+			return cmd
+		}
+		if isFunctionMissing(err) {
+			lerr := b.loadLibrary(ctx, loads)
+			if lerr == nil {
+				return b.sendCheck(ctx, bt, "fcall", b.scripts.checkFn, keys, argv, flags)
+			}
+			if !isUnsupported(lerr) {
+				cmd.SetErr(fmt.Errorf("load the function library: %w", lerr))
+				return cmd
+			}
+		}
+		b.functions.Store(false)
+	}
+	cmd := b.sendCheck(ctx, bt, "evalsha", b.scripts.checkSHA, keys, argv, flags)
+	if err := cmd.Err(); err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
+		cmd = b.sendCheck(ctx, bt, "eval", b.scripts.checkSrc, keys, argv, flags)
+	}
+	return cmd
+}
+
+// sendCheck sends "<verb> <script> <numkeys> <keys> <flags> <argv[2:]>",
+// built in bt.cmd with every key and argument passed as a *string into keys
+// and argv, which go-redis writes as the string, so that no argument is
+// boxed on the heap.
+func (b *Backend) sendCheck(ctx context.Context, bt *batch, verb string, script any, keys, argv []string, flags any) *redis.Cmd {
+	args := append(bt.cmd[:0], verb, script, len(keys))
 	for i := range keys {
 		args = append(args, &keys[i])
 	}
@@ -339,14 +395,53 @@ func (b *Backend) runCheck(ctx context.Context, bt *batch, keys, argv []string, 
 	cmd := redis.NewCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3)
 	_ = b.client.Process(ctx, cmd)
-	if err := cmd.Err(); err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
-		args[0], args[1] = "eval", b.scripts.checkSrc
-		cmd = redis.NewCmd(ctx, args...)
-		cmd.SetFirstKeyPos(3)
-		_ = b.client.Process(ctx, cmd)
-	}
 	return cmd
 }
+
+// loadLibrary loads the Functions library (on every master in Cluster
+// mode) unless another caller completed a load since loads was read. One
+// load runs at a time; callers wait for it within ctx.
+func (b *Backend) loadLibrary(ctx context.Context, loads uint64) error {
+	select {
+	case b.loadSem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-b.loadSem }()
+	if b.loads.Load() != loads {
+		return nil
+	}
+	var err error
+	if b.cluster != nil {
+		err = b.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			return c.FunctionLoadReplace(ctx, b.scripts.library).Err()
+		})
+	} else {
+		err = b.client.FunctionLoadReplace(ctx, b.scripts.library).Err()
+	}
+	if err != nil {
+		return err
+	}
+	b.loads.Add(1)
+	return nil
+}
+
+// isFunctionMissing reports whether Redis answered that it does not know the
+// function (FCALL before FUNCTION LOAD).
+func isFunctionMissing(err error) bool {
+	return redis.HasErrorPrefix(err, "Function not found")
+}
+
+// isUnsupported reports whether Redis refused a Functions command as unknown
+// (before 7.0, or a proxy without it) or not permitted (ACL).
+func isUnsupported(err error) bool {
+	return redis.HasErrorPrefix(err, "unknown command") || redis.HasErrorPrefix(err, "NOPERM")
+}
+
+// UsesFunctions reports whether checks currently run as a Redis Function
+// (FCALL) rather than as a script (EVALSHA); see Options.DisableFunctions.
+// It turns false for good the first time the server refuses Functions.
+func (b *Backend) UsesFunctions() bool { return b.functions.Load() }
 
 // appendSpec appends check.lua's request spec
 // "<alg> <window_ms> <limit> <capacity> <hits> <shadow>".

@@ -8,8 +8,11 @@
 // has its own Lua file under lua/ (the twin of the Go code in pkg/algorithm);
 // they are embedded with go:embed and concatenated with a driver into the
 // check and refund scripts (see scripts.go and the header of every file). The
-// scripts run with EVALSHA and fall back to EVAL when Redis does not know
-// them yet (NOSCRIPT).
+// check runs as a Redis Function (FCALL; the library is loaded with FUNCTION
+// LOAD at the first Ping or check, and again whenever the server lost it) so
+// that Redis does not redefine the helpers on every call; on servers without
+// Functions, or with Options.DisableFunctions, it runs as a script with
+// EVALSHA, falling back to EVAL when Redis does not know it yet (NOSCRIPT).
 //
 // Time comes from Redis TIME inside the script, so instances whose clocks
 // disagree still count in the same windows; Options.Now injects a clock for

@@ -63,6 +63,14 @@ type Options struct {
 	// Now, when set, is the clock the scripts decide at (tests). nil
 	// means Redis TIME, so instances with skewed clocks agree.
 	Now func() time.Time
+	// DisableFunctions runs checks as scripts (EVALSHA) instead of as a
+	// Redis Function (FCALL). By default (false) the check function is
+	// loaded with FUNCTION LOAD on first use, which spares Redis
+	// redefining every helper on each call; servers that do not support
+	// Functions (Redis before 7.0, proxies) or forbid them (ACL) are
+	// detected on the first check and served with scripts. Set it when
+	// FUNCTION LOAD must not be used at all (flag --redis.functions=false).
+	DisableFunctions bool
 }
 
 // topology is the validated choice among URL, cluster and Sentinel.

@@ -65,12 +65,23 @@ func commandStats(t *testing.T, c *redis.Client) map[string]int {
 }
 
 // TestOneRoundTripPerCheck: N Checks of 3 requests each on a single node are
-// N EVALSHA calls and nothing else, seen from the client (a hook) and from the
-// server (INFO commandstats; the only other commands are those the script
-// itself runs, and TIME runs exactly once per script).
+// N FCALL calls (N EVALSHA with Functions disabled) and nothing else, seen
+// from the client (a hook) and from the server (INFO commandstats; the only
+// other commands are those the script itself runs, and TIME runs exactly once
+// per call).
 func TestOneRoundTripPerCheck(t *testing.T) {
+	for _, verb := range []string{"fcall", "evalsha"} {
+		t.Run(verb, func(t *testing.T) { testOneRoundTripPerCheck(t, verb) })
+	}
+}
+
+func testOneRoundTripPerCheck(t *testing.T, verb string) {
 	r := testenv.RedisServer(t)
-	b := newSingle(t, r, DefaultKeyPrefix, nil)
+	b, err := New(Options{URL: "redis://" + r.Addr, Timeout: testTimeout, DisableFunctions: verb == "evalsha"})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { b.Close() })
 	counter := &commandCounter{names: map[string]int{}}
 	b.client.AddHook(counter)
 	ctx := context.Background()
@@ -80,7 +91,8 @@ func TestOneRoundTripPerCheck(t *testing.T) {
 		{Key: key("edge", "c"), Limit: limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 1 << 30, Window: time.Hour}, Hits: 1},
 	}
 	res := make([]limiter.Result, len(reqs))
-	// Warm up: connect (HELLO, CLIENT SETINFO) and load the script (EVALSHA
+	// Warm up: connect (HELLO, CLIENT SETINFO) and load the code (FCALL
+	// answered "Function not found", FUNCTION LOAD, FCALL again; or EVALSHA
 	// answered NOSCRIPT, then EVAL).
 	if err := b.Check(ctx, reqs, res); err != nil {
 		t.Fatalf("Check: %v", err)
@@ -111,21 +123,21 @@ func TestOneRoundTripPerCheck(t *testing.T) {
 		sent[k] = v
 	}
 	counter.mu.Unlock()
-	if len(sent) != 1 || sent["evalsha"] != n {
-		t.Errorf("client sent %v for %d Checks, want only %d evalsha", sent, n, n)
+	if len(sent) != 1 || sent[verb] != n {
+		t.Errorf("client sent %v for %d Checks, want only %d %s", sent, n, n, verb)
 	}
 
 	stats := commandStats(t, observer)
-	if stats["evalsha"] != n {
-		t.Errorf("server ran %d EVALSHA for %d Checks", stats["evalsha"], n)
+	if stats[verb] != n {
+		t.Errorf("server ran %d %s for %d Checks", stats[verb], verb, n)
 	}
 	if stats["time"] != n {
 		t.Errorf("server ran TIME %d times for %d Checks, want one per script", stats["time"], n)
 	}
-	inScript := map[string]bool{"time": true, "get": true, "set": true}
+	inScript := map[string]bool{"time": true, "get": true, "set": true, "incrby": true}
 	observed := map[string]bool{"info": true, "config|resetstat": true}
 	for cmd, calls := range stats {
-		if cmd != "evalsha" && !inScript[cmd] && !observed[cmd] {
+		if cmd != verb && !inScript[cmd] && !observed[cmd] {
 			t.Errorf("unexpected command %s (%d calls)", cmd, calls)
 		}
 	}

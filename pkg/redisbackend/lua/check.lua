@@ -1,6 +1,9 @@
--- check.lua: decides one batch of limit checks atomically. The script sent to
--- Redis is lib.lua, sliding_window.lua, fixed_window.lua, token_bucket.lua,
--- sliding_log.lua and this driver, concatenated (scripts.go).
+-- check.lua: decides one batch of limit checks atomically. It is the body of
+-- the check function of the library (scripts.go): lib.lua, sliding_window.lua,
+-- fixed_window.lua, token_bucket.lua, sliding_log.lua and algorithms.lua
+-- define the helpers once, and this driver runs per call, either as a
+-- registered Redis Function (FCALL) or, concatenated after them, as a script
+-- (EVALSHA).
 --
 -- KEYS[i]  the key base "<prefix>{<id>}" of request i (i = 1..n). The
 --          algorithm appends its suffix (":<bucket>", ":tb", ":log"); the
@@ -39,34 +42,48 @@ else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-local alt_flag, slack = string.match(ARGV[2], '^([01]) (%d+)$')
-if not alt_flag then
-  return redis.error_reply('ERR envoy-rls check: malformed ARGV[2]')
+local alt = false
+if ARGV[2] == '0 0' then
+  ttl_slack = 0 -- the production flags, without parsing
+else
+  local alt_flag, slack = string.match(ARGV[2], '^([01]) (%d+)$')
+  if not alt_flag then
+    return redis.error_reply('ERR envoy-rls check: malformed ARGV[2]')
+  end
+  alt = alt_flag == '1'
+  ttl_slack = tonumber(slack)
 end
-local alt = alt_flag == '1'
-ttl_slack = tonumber(slack)
-
-local algs = {[0] = sliding_window, [1] = fixed_window, [2] = token_bucket, [3] = sliding_log}
 
 local n = #KEYS
 local orig = {}   -- base -> state as stored
 local cur = {}    -- base -> tentative state within this batch
-local dirty = {}  -- list of {base, module, window} to write, first use order
-local seen = {}   -- base -> true once in dirty
-local req = {}    -- per request: {module, base, w, l, cap, c}
-local out = {now, 0}
+local dirty = {}  -- base, module, window of each counter to write, flat, first use order
+-- The reply, sized in its constructor for up to four requests without the
+-- alt figures (a table that grows is rehashed at every power of two).
+local out
+if alt or n > 4 then
+  out = {now, 0}
+elseif n == 1 then
+  out = {now, 0, 0, 0, 0, 0}
+elseif n == 2 then
+  out = {now, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+elseif n == 3 then
+  out = {now, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+else
+  out = {now, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+end
 local veto = false
+local stride = 4
+if alt then
+  stride = 6
+end
 
 for i = 1, n do
-  local a, w, l, cap, h, sh = string.match(ARGV[2 + i], '^(%d) (%d+) (%d+) (%d+) (%d+) ([01])$')
-  if not a then
+  local p = parse_spec(ARGV[2 + i])
+  if not p then
     return redis.error_reply('ERR envoy-rls check: malformed request ' .. i)
   end
-  local m = algs[tonumber(a)]
-  if not m then
-    return redis.error_reply('ERR envoy-rls check: unknown algorithm ' .. a)
-  end
-  w, l, cap, h = tonumber(w), tonumber(l), tonumber(cap), tonumber(h)
+  local m, w, l, cap, h = p[1], p[2], p[3], p[4], p[5]
   local base = KEYS[i]
   local s = cur[base]
   if s == nil then
@@ -80,37 +97,31 @@ for i = 1, n do
   end
   local ok, rem, reset, retry, ns = m.decide(s, now, w, l, cap, c, consume)
   if ok and consume then
-    cur[base] = ns
-    if not seen[base] then
-      seen[base] = true
-      dirty[#dirty + 1] = {base, m, w}
+    if cur[base] == orig[base] then
+      local d = #dirty
+      dirty[d + 1], dirty[d + 2], dirty[d + 3] = base, m, w
     end
+    cur[base] = ns
   end
-  if not ok and sh == '0' then
+  if not ok and not p[6] then
     veto = true
   end
-  req[i] = {m, base, w, l, cap}
   local allowed = 0
   if ok then
     allowed = 1
   end
-  local j = #out
+  local j = 2 + (i - 1) * stride
   out[j + 1], out[j + 2], out[j + 3], out[j + 4] = allowed, rem, reset, retry
   if alt then
     out[j + 5], out[j + 6] = rem, reset
   end
 end
 
-local stride = 4
-if alt then
-  stride = 6
-end
-
 if veto or alt then
   -- Figures without consumption: a check of one hit on the stored state.
   for i = 1, n do
-    local r = req[i]
-    local _, rem, reset = r[1].decide(orig[r[2]], now, r[3], r[4], r[5], 1, false)
+    local p = parse_spec(ARGV[2 + i])
+    local _, rem, reset = p[1].decide(orig[KEYS[i]], now, p[2], p[3], p[4], 1, false)
     local j = 2 + (i - 1) * stride
     if veto then
       out[j + 2], out[j + 3] = rem, reset
@@ -122,8 +133,9 @@ if veto or alt then
 end
 
 if not veto then
-  for _, d in ipairs(dirty) do
-    d[2].store(d[1], d[3], cur[d[1]], now)
+  for d = 1, #dirty, 3 do
+    local base = dirty[d]
+    dirty[d + 1].store(base, dirty[d + 2], cur[base], now, orig[base])
   end
   out[2] = 1
 end

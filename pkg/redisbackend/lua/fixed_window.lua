@@ -5,13 +5,15 @@
 -- Storage: <base>:<b> holds count[b] for bucket b = floor(now/W) as a decimal
 -- integer string and expires when the bucket ends, at (b+1)·W.
 -- KEYS, ARGV: none of its own; the driver passes the key base <prefix>{<id>}.
--- State table: {b = bucket, n = count[b]}.
+-- State table: {b = bucket, n = count[b], key = the key of bucket b (nil if
+-- unknown)}.
 
 local fixed_window = {}
 
 function fixed_window.load(base, w, now)
   local b = idiv(now, w)
-  return {b = b, n = get_num(bucket_key(base, b))}
+  local key = bucket_key(base, b)
+  return {b = b, n = get_num(key), key = key}
 end
 
 -- decide returns allowed, remaining, reset_ms, retry_ms and the new state.
@@ -37,11 +39,20 @@ function fixed_window.decide(s, now, w, l, cap, c, consume)
   if n < l then
     rem = l - n
   end
-  return ok, rem, reset, retry, {b = b, n = n}
+  local key = s.key
+  if s.b ~= b then
+    key = nil
+  end
+  return ok, rem, reset, retry, {b = b, n = n, key = key}
 end
 
-function fixed_window.store(base, w, s, now)
-  redis.call('SET', bucket_key(base, s.b), fmt_int(s.n), 'PX', px((s.b + 1) * w - now))
+-- store writes state s over the stored state o, as sliding_window.store.
+function fixed_window.store(base, w, s, now, o)
+  local on = nil
+  if o.b == s.b then
+    on = o.n
+  end
+  store_bucket(base, w, s.b, s.key, s.n, on, 1, now)
 end
 
 -- refund takes back c hits admitted at now (Cluster: another slot denied).

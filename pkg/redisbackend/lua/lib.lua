@@ -8,7 +8,8 @@
 -- (the Go side rejects limits whose products could exceed it), so sums,
 -- differences and products are exact; quotients are corrected to the exact
 -- integer floor/ceil by idiv and cdiv. Numbers are written to Redis with
--- fmt_int ('%.0f'), never with tostring (which prints 1e+15 style).
+-- fmt_int ('%d': Lua 5.1 converts to a C long, exact below 2^53 and about
+-- twice as fast as '%.0f'), never with tostring (which prints 1e+15 style).
 
 -- idiv returns floor(a/b) for integers a >= 0, b > 0.
 local function idiv(a, b)
@@ -39,12 +40,12 @@ local ttl_slack = 0
 
 -- px formats an expiry of ms milliseconds (plus ttl_slack) for SET PX/PEXPIRE.
 local function px(ms)
-  return string.format('%.0f', ms + ttl_slack)
+  return string.format('%d', ms + ttl_slack)
 end
 
 -- fmt_int formats an integral number without exponent or fraction.
 local function fmt_int(x)
-  return string.format('%.0f', x)
+  return string.format('%d', x)
 end
 
 -- get_num reads an integer string key; an absent key is 0.
@@ -59,6 +60,23 @@ end
 -- bucket_key is the key of bucket b of a windowed counter: <base>:<b>.
 local function bucket_key(base, b)
   return base .. ':' .. fmt_int(b)
+end
+
+-- store_bucket writes count n of bucket b of a windowed counter; key is the
+-- bucket's key (nil: computed here). The key expires lifetime windows after
+-- the bucket starts, at (b+lifetime)·W. stored is the count loaded for that
+-- bucket in this script (0 when the key was absent, nil if not loaded): a
+-- counter that exists only grows, by INCRBY, which keeps its expiry and is
+-- the cheapest write; a new one is created with SET PX.
+local function store_bucket(base, w, b, key, n, stored, lifetime, now)
+  key = key or bucket_key(base, b)
+  if stored and stored > 0 then
+    if n > stored then
+      redis.call('INCRBY', key, n - stored)
+    end
+    return
+  end
+  redis.call('SET', key, fmt_int(n), 'PX', px((b + lifetime) * w - now))
 end
 
 -- refund_bucket takes back c hits admitted at now from the current bucket of

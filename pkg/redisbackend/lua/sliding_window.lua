@@ -5,7 +5,8 @@
 -- Storage: <base>:<b> holds count[b] for bucket b = floor(now/W) as a decimal
 -- integer string and expires 2W after the start of bucket b, i.e. at (b+2)·W.
 -- KEYS, ARGV: none of its own; the driver passes the key base <prefix>{<id>}.
--- State table: {b = bucket, cur = count[b], prev = count[b-1]}.
+-- State table: {b = bucket, cur = count[b], prev = count[b-1], key = the key
+-- of bucket b (nil if unknown)}.
 
 local sliding_window = {}
 
@@ -61,7 +62,8 @@ end
 
 function sliding_window.load(base, w, now)
   local b = idiv(now, w)
-  return {b = b, cur = get_num(bucket_key(base, b)), prev = get_num(bucket_key(base, b - 1))}
+  local key = bucket_key(base, b)
+  return {b = b, cur = get_num(key), prev = get_num(bucket_key(base, b - 1)), key = key}
 end
 
 -- decide returns allowed, remaining, reset_ms, retry_ms and the new state.
@@ -89,11 +91,22 @@ function sliding_window.decide(s, now, w, l, cap, c, consume)
   if cur + pw < l then
     rem = l - cur - pw
   end
-  return ok, rem, (b + 1) * w - now, retry, {b = b, cur = cur, prev = prev}
+  local key = s.key
+  if s.b ~= b then
+    key = nil
+  end
+  return ok, rem, (b + 1) * w - now, retry, {b = b, cur = cur, prev = prev, key = key}
 end
 
-function sliding_window.store(base, w, s, now)
-  redis.call('SET', bucket_key(base, s.b), fmt_int(s.cur), 'PX', px((s.b + 2) * w - now))
+-- store writes state s, decided at now, over the stored state o (both from
+-- load and decide at the same now). A counter that exists keeps its expiry
+-- and only grows (INCRBY, the cheapest write); a new one is created with it.
+function sliding_window.store(base, w, s, now, o)
+  local stored = nil
+  if o.b == s.b then
+    stored = o.cur
+  end
+  store_bucket(base, w, s.b, s.key, s.cur, stored, 2, now)
 end
 
 -- refund takes back c hits admitted at now (Cluster: another slot denied).

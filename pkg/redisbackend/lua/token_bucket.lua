@@ -89,8 +89,7 @@ function token_bucket.store(base, w, s, now)
     redis.call('DEL', tb_key(base))
     return
   end
-  redis.call('SET', tb_key(base), fmt_int(s.at) .. ' ' .. fmt_int(s.debt) .. ' ' .. fmt_int(s.per),
-    'PX', px(ms))
+  redis.call('SET', tb_key(base), string.format('%d %d %d', s.at, s.debt, s.per), 'PX', px(ms))
 end
 
 -- refund takes back c hits admitted at now with limit l (Cluster: another
@@ -109,6 +108,6 @@ function token_bucket.refund(base, w, c, l, now)
   if debt == 0 then
     redis.call('DEL', tb_key(base))
   else
-    redis.call('SET', tb_key(base), fmt_int(s.at) .. ' ' .. fmt_int(debt) .. ' ' .. fmt_int(s.per), 'KEEPTTL')
+    redis.call('SET', tb_key(base), string.format('%d %d %d', s.at, debt, s.per), 'KEEPTTL')
   end
 end

@@ -1,0 +1,40 @@
+-- algorithms.lua: the algorithm modules by the number the drivers receive
+-- (check.lua and refund.lua: 0 sliding_window, 1 fixed_window, 2 token_bucket,
+-- 3 sliding_log), and the parser of check.lua's request specs. Concatenated
+-- after the four algorithm files. KEYS, ARGV: none. Reply: none.
+
+local algs = {[0] = sliding_window, [1] = fixed_window, [2] = token_bucket, [3] = sliding_log}
+
+-- specs caches parsed request specs by their text. Parsing costs a pattern
+-- match and five strtod calls, more than a limit's own arithmetic; a spec
+-- depends only on the rule and the hits, so few distinct ones recur. As a
+-- Redis Function the library's locals live as long as the library, so the
+-- cache persists across calls (as a script it lives for one call). It is
+-- emptied when it reaches spec_cache_max entries, which bounds its memory.
+local specs, spec_count, spec_cache_max = {}, 0, 4096
+
+-- parse_spec returns the parsed request spec "<alg> <window_ms> <limit>
+-- <capacity> <hits> <shadow>" as {module, window, limit, capacity, hits,
+-- shadow}, or nil if it is malformed or names an unknown algorithm. The table
+-- is shared: callers must not modify it.
+local function parse_spec(text)
+  local p = specs[text]
+  if p then
+    return p
+  end
+  local a, w, l, cap, h, sh = string.match(text, '^(%d) (%d+) (%d+) (%d+) (%d+) ([01])$')
+  if not a then
+    return nil
+  end
+  local m = algs[tonumber(a)]
+  if not m then
+    return nil
+  end
+  if spec_count >= spec_cache_max then
+    specs, spec_count = {}, 0
+  end
+  p = {m, tonumber(w), tonumber(l), tonumber(cap), tonumber(h), sh == '1'}
+  specs[text] = p
+  spec_count = spec_count + 1
+  return p
+end
