@@ -36,6 +36,7 @@ type serveOptions struct {
 	mergeDomains   bool
 	reloadInterval time.Duration
 	grpcAddr       string
+	grpcWorkers    int
 	httpAddr       string
 	debugAddr      string
 	headers        string
@@ -55,6 +56,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&o.mergeDomains, "config.merge-domains", false, "allow several files to declare the same domain (their descriptors are merged)")
 	fs.DurationVar(&o.reloadInterval, "config.reload-interval", 5*time.Second, "how often the config folder is checked for changes (SIGHUP reloads at once)")
 	fs.StringVar(&o.grpcAddr, "grpc.addr", ":8081", "gRPC listen address (RateLimitService v3, health, reflection)")
+	fs.IntVar(&o.grpcWorkers, "grpc.stream-workers", 64, "goroutines kept to serve gRPC calls (more concurrent calls get a goroutine each); reusing them spares a goroutine start and stack growth per call; 0 starts one per call")
 	fs.StringVar(&o.httpAddr, "http.addr", ":9090", "HTTP listen address (/metrics, /healthz, /readyz)")
 	fs.StringVar(&o.debugAddr, "debug.addr", "127.0.0.1:6070", "debug listen address (pprof, /debug/config, /debug/explain, /debug/top); empty disables it")
 	fs.StringVar(&o.headers, "headers", "ietf", "rate-limit response headers: ietf (RateLimit-Policy, RateLimit), draft03 (X-RateLimit-*), none")
@@ -135,6 +137,9 @@ func serve(ctx context.Context, o serveOptions, log *slog.Logger, hup <-chan os.
 	if err != nil {
 		return usageError{msg: "--headers: " + err.Error()}
 	}
+	if o.grpcWorkers < 0 {
+		return usageError{msg: fmt.Sprintf("--grpc.stream-workers %d: must be 0 or more", o.grpcWorkers)}
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m, err := metrics.New(reg)
@@ -181,6 +186,7 @@ func serve(ctx context.Context, o serveOptions, log *slog.Logger, hup <-chan os.
 		// Envoy keeps few long-lived HTTP/2 connections and multiplexes
 		// many small unary calls on them.
 		grpc.MaxConcurrentStreams(1<<16),
+		grpc.NumStreamWorkers(uint32(o.grpcWorkers)),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.ChainUnaryInterceptor(requestMetrics(m, time.Now)),

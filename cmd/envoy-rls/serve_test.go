@@ -257,3 +257,13 @@ descriptors:
 		t.Errorf("admitted %d under the new 5/hour limit, want exactly 5", admitted.Load())
 	}
 }
+
+func TestServeRejectsNegativeStreamWorkers(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "ok.yaml"), "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	err := serve(context.Background(), serveOptions{configDir: dir, headers: "ietf", grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0", grpcWorkers: -1}, log, nil, nil)
+	if err == nil || !strings.Contains(err.Error(), "--grpc.stream-workers") {
+		t.Fatalf("serve with --grpc.stream-workers -1: %v, want an error naming the flag", err)
+	}
+}

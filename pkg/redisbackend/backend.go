@@ -302,7 +302,8 @@ func (b *Backend) call(ctx context.Context, reqs []limiter.Request, idx []int, r
 	cmd := b.runCheck(ctx, bt, keys, argv, flags)
 	// Do not keep the strings alive through the pool.
 	defer func() { clear(keys); clear(argv); clear(bt.cmd) }()
-	v, err := cmd.Slice()
+	// The reply is a flat array of integers, read without boxing.
+	v, err := cmd.Result()
 	if err != nil {
 		return 0, false, unavailable(ctx, "check script", err)
 	}
@@ -314,9 +315,8 @@ func (b *Backend) call(ctx context.Context, reqs []limiter.Request, idx []int, r
 		return 0, false, unavailable(ctx, "check script", fmt.Errorf("reply has %d elements, want %d", len(v), 2+stride*n))
 	}
 	var bad bool
-	num := func(x any) int64 {
-		i, ok := x.(int64)
-		if !ok || i < 0 {
+	num := func(i int64) int64 {
+		if i < 0 {
 			bad = true
 		}
 		return i
@@ -351,7 +351,7 @@ func (b *Backend) call(ctx context.Context, reqs []limiter.Request, idx []int, r
 // error that Redis returns before running anything, so no check is ever
 // counted twice. keys and argv must stay unchanged until the returned
 // command has been read.
-func (b *Backend) runCheck(ctx context.Context, bt *batch, keys, argv []string, flags any) *redis.Cmd {
+func (b *Backend) runCheck(ctx context.Context, bt *batch, keys, argv []string, flags any) *redis.IntSliceCmd {
 	if b.functions.Load() {
 		loads := b.loads.Load()
 		cmd := b.sendCheck(ctx, bt, "fcall", b.scripts.checkFn, keys, argv, flags)
@@ -382,7 +382,7 @@ func (b *Backend) runCheck(ctx context.Context, bt *batch, keys, argv []string, 
 // built in bt.cmd with every key and argument passed as a *string into keys
 // and argv, which go-redis writes as the string, so that no argument is
 // boxed on the heap.
-func (b *Backend) sendCheck(ctx context.Context, bt *batch, verb string, script any, keys, argv []string, flags any) *redis.Cmd {
+func (b *Backend) sendCheck(ctx context.Context, bt *batch, verb string, script any, keys, argv []string, flags any) *redis.IntSliceCmd {
 	args := append(bt.cmd[:0], verb, script, len(keys))
 	for i := range keys {
 		args = append(args, &keys[i])
@@ -392,7 +392,7 @@ func (b *Backend) sendCheck(ctx context.Context, bt *batch, verb string, script 
 		args = append(args, &argv[i])
 	}
 	bt.cmd = args
-	cmd := redis.NewCmd(ctx, args...)
+	cmd := redis.NewIntSliceCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3)
 	_ = b.client.Process(ctx, cmd)
 	return cmd
