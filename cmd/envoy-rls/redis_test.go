@@ -4,8 +4,6 @@ import (
 	"context"
 	"net/http"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,25 +12,6 @@ import (
 
 	"github.com/envoy-rls/envoy-rls/internal/testenv"
 )
-
-// evalshaCalls reads how many EVALSHA calls Redis executed.
-func evalshaCalls(t *testing.T, r *testenv.Redis) int {
-	t.Helper()
-	info, err := r.Client().Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:calls="); ok {
-			n, err := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	return 0
-}
 
 // TestServeOnRedis runs serve against a real redis-server: limits are exact,
 // repeated denials of a hot key are answered by the deny cache without a
@@ -52,6 +31,7 @@ descriptors:
 	o := serveOptions{configDir: dir}
 	o.store.redisURL = "redis://" + redis.Addr
 	o.store.redisTimeout = time.Second
+	o.store.redisFunctions = true // the default: serve loads the library at start (Ping)
 	o.store.denyCacheEntries = 1000
 	o.store.denyCacheMaxTTL = time.Hour // every denial below stays cached: the count is exact
 	o.store.fallbackInstances = 1
@@ -66,7 +46,7 @@ descriptors:
 		return resp.OverallCode
 	}
 
-	before := evalshaCalls(t, redis)
+	before := redis.ScriptCalls(t)
 	ok := 0
 	for range 20 {
 		if call("hot", "k") == rlsv3.RateLimitResponse_OK {
@@ -78,7 +58,7 @@ descriptors:
 	}
 	// 5 admitted and the first denial reached Redis; the other 14 denials
 	// were answered from the cache.
-	if got := evalshaCalls(t, redis) - before; got != 6 {
+	if got := redis.ScriptCalls(t) - before; got != 6 {
 		t.Errorf("Redis ran %d scripts for 20 requests, want 6", got)
 	}
 	fams := scrape(t, r)

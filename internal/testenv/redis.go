@@ -308,6 +308,51 @@ func (r *Redis) Client() *redis.Client {
 	return r.client
 }
 
+// CommandCalls returns the server's INFO commandstats as command name
+// (lower case, "config|resetstat" for subcommands) → calls. It fails the
+// test when the server does not answer or the reply cannot be parsed.
+func (r *Redis) CommandCalls(t testing.TB) map[string]int64 {
+	t.Helper()
+	info, err := r.Client().Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatalf("testenv: INFO commandstats of %s: %v", r.Addr, err)
+	}
+	calls, err := parseCommandStats(info)
+	if err != nil {
+		t.Fatalf("testenv: INFO commandstats of %s: %v", r.Addr, err)
+	}
+	return calls
+}
+
+// ScriptCalls returns how many scripts and functions the server has run:
+// the calls of EVAL, EVALSHA, FCALL and FCALL_RO together. A call answered
+// NOSCRIPT or "Function not found" counts too (Redis counts it in calls and
+// failed_calls), so callers load the code before they start counting.
+func (r *Redis) ScriptCalls(t testing.TB) int64 {
+	t.Helper()
+	c := r.CommandCalls(t)
+	return c["eval"] + c["evalsha"] + c["fcall"] + c["fcall_ro"]
+}
+
+// parseCommandStats parses the lines "cmdstat_<name>:calls=<n>,..." of INFO
+// commandstats.
+func parseCommandStats(info string) (map[string]int64, error) {
+	calls := map[string]int64{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		v, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("line %q: %w", line, err)
+		}
+		calls[strings.TrimPrefix(name, "cmdstat_")] = n
+	}
+	return calls, nil
+}
+
 // startLocked starts the process with r.args and waits until it is ready.
 func (r *Redis) startLocked() error {
 	p, err := startProcess(r.bin, r.args, r.dir, r.logPath)

@@ -1,10 +1,7 @@
 package denycache
 
 import (
-	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -13,29 +10,6 @@ import (
 	"github.com/envoy-rls/envoy-rls/pkg/limiter/limitertest"
 	"github.com/envoy-rls/envoy-rls/pkg/redisbackend"
 )
-
-// scriptCalls returns how many EVALSHA and EVAL commands Redis has run.
-func scriptCalls(t *testing.T, r *testenv.Redis) int64 {
-	t.Helper()
-	info, err := r.Client().Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatalf("INFO commandstats: %v", err)
-	}
-	var n int64
-	for _, line := range strings.Split(info, "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || (name != "cmdstat_evalsha" && name != "cmdstat_eval") {
-			continue
-		}
-		calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
-		v, err := strconv.ParseInt(calls, 10, 64)
-		if err != nil {
-			t.Fatalf("INFO commandstats: %q: %v", line, err)
-		}
-		n += v
-	}
-	return n
-}
 
 // TestRedisHotKey hammers one key far over its limit through a Cache in
 // front of a real redis-server (on an injected clock shared with the Cache,
@@ -75,12 +49,12 @@ func TestRedisHotKey(t *testing.T) {
 				}
 				return out
 			}
-			// Load the script into Redis first: a NOSCRIPT answer followed
-			// by EVAL counts as two commands.
+			// Load the code into Redis first: a "Function not found" answer
+			// followed by FUNCTION LOAD and FCALL counts as two calls.
 			check(t, plain, limiter.Request{Key: "warm-up", Limit: l, Hits: 0})
-			before := scriptCalls(t, r)
+			before := r.ScriptCalls(t)
 			got := run(cached)
-			calls := scriptCalls(t, r) - before
+			calls := r.ScriptCalls(t) - before
 			want := run(plain)
 			for i := range got {
 				if got[i] != want[i] {

@@ -2,8 +2,6 @@ package redisbackend
 
 import (
 	"context"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -39,29 +37,6 @@ func (c *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 		c.mu.Unlock()
 		return next(ctx, cmds)
 	}
-}
-
-// commandStats parses INFO commandstats into command → calls.
-func commandStats(t *testing.T, c *redis.Client) map[string]int {
-	t.Helper()
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatalf("INFO commandstats: %v", err)
-	}
-	stats := map[string]int{}
-	for _, line := range strings.Split(info, "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || !strings.HasPrefix(name, "cmdstat_") {
-			continue
-		}
-		calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
-		n, err := strconv.Atoi(calls)
-		if err != nil {
-			t.Fatalf("INFO commandstats line %q: %v", line, err)
-		}
-		stats[strings.TrimPrefix(name, "cmdstat_")] = n
-	}
-	return stats
 }
 
 // TestOneRoundTripPerCheck: N Checks of 3 requests each on a single node are
@@ -127,11 +102,11 @@ func testOneRoundTripPerCheck(t *testing.T, verb string) {
 		t.Errorf("client sent %v for %d Checks, want only %d %s", sent, n, n, verb)
 	}
 
-	stats := commandStats(t, observer)
-	if stats[verb] != n {
+	stats := r.CommandCalls(t)
+	if stats[verb] != int64(n) {
 		t.Errorf("server ran %d %s for %d Checks", stats[verb], verb, n)
 	}
-	if stats["time"] != n {
+	if stats["time"] != int64(n) {
 		t.Errorf("server ran TIME %d times for %d Checks, want one per script", stats["time"], n)
 	}
 	inScript := map[string]bool{"time": true, "get": true, "set": true, "incrby": true}
