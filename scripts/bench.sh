@@ -38,6 +38,7 @@
 #                    "ceiling one-key many-keys three-desc hot-key open-loop"
 #                    (default all); "ceiling" alone needs neither Redis nor envoy-rls
 #   BENCH_OUT        also write the JSON results (one object per run) to this file
+#   BENCH_RLS_ARGS   extra envoy-rls flags, e.g. "--redis.senders -1" (word-split)
 #
 # Needs: go, redis-server in PATH (`make test` installs it, or
 # scripts/install-deps.sh). Nothing else (no curl, no redis-cli, no jq).
@@ -58,6 +59,7 @@ BENCH_OPEN_CALLERS="${BENCH_OPEN_CALLERS:-64}"
 BENCH_CONNECTIONS="${BENCH_CONNECTIONS:-4}"
 BENCH_SCENARIOS="${BENCH_SCENARIOS:-ceiling one-key many-keys three-desc hot-key open-loop}"
 BENCH_OUT="${BENCH_OUT:-}"
+BENCH_RLS_ARGS="${BENCH_RLS_ARGS:-}"
 
 BIN="$ROOT/.tools/bin"
 log() { printf 'bench: %s\n' "$*" >&2; }
@@ -194,6 +196,7 @@ EOF
 		--debug.addr "127.0.0.1:$RLS_DEBUG" \
 		--redis.url "redis://127.0.0.1:$REDIS_PORT" \
 		--log.level warn \
+		$BENCH_RLS_ARGS \
 		>"$TMP/envoy-rls.log" 2>&1 &
 	RLS_PID=$!
 	PIDS+=("$RLS_PID")

@@ -27,6 +27,8 @@ func openRedisStore(ctx context.Context, o storeOptions, log *slog.Logger, m *me
 		Username:       o.redisUsername,
 		Password:       o.redisPassword,
 		PoolSize:       o.redisPoolSize,
+		Senders:        o.redisSenders,
+		MaxBatch:       o.redisMaxBatch,
 		KeyPrefix:      o.redisKeyPrefix,
 		Timeout:        o.redisTimeout,
 
@@ -63,6 +65,12 @@ func openRedisStore(ctx context.Context, o storeOptions, log *slog.Logger, m *me
 		return nil, err
 	}
 	if err := m.InstancesFunc(fs.Instances); err != nil {
+		return nil, err
+	}
+	if err := m.RedisCalls(func() metrics.RedisCallStats {
+		st := rb.CallStats()
+		return metrics.RedisCallStats{Checks: st.Checks, Calls: st.Calls}
+	}); err != nil {
 		return nil, err
 	}
 	if err := rb.Ping(ctx); err != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
 	"github.com/envoy-rls/envoy-rls/pkg/memorybackend"
 	"github.com/envoy-rls/envoy-rls/pkg/metrics"
+	"github.com/envoy-rls/envoy-rls/pkg/redisbackend"
 )
 
 // storeOptions are the flags that choose and tune the counting store.
@@ -25,6 +26,8 @@ type storeOptions struct {
 	redisTLSServerName  string
 	redisTLSInsecure    bool
 	redisPoolSize       int
+	redisSenders        int
+	redisMaxBatch       int
 	redisKeyPrefix      string
 	redisTimeout        time.Duration
 	redisFunctions      bool
@@ -47,6 +50,8 @@ func (o *storeOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.redisTLSServerName, "redis.tls.server-name", "", "server name to verify in the Redis certificate (default: the host)")
 	fs.BoolVar(&o.redisTLSInsecure, "redis.tls.insecure-skip-verify", false, "do not verify the Redis certificate (testing only)")
 	fs.IntVar(&o.redisPoolSize, "redis.pool-size", 0, "connections per Redis node (0: 10 per CPU)")
+	fs.IntVar(&o.redisSenders, "redis.senders", redisbackend.DefaultSenders, "coalesced check calls in flight at once (single node and Sentinel): requests that arrive while every sender waits for Redis go together in its next call, each still decided atomically; -1 sends every request as a call of its own")
+	fs.IntVar(&o.redisMaxBatch, "redis.max-batch", redisbackend.DefaultMaxBatch, "most limits one coalesced call decides (a larger request is sent alone)")
 	fs.StringVar(&o.redisKeyPrefix, "redis.key-prefix", "rls:", "prefix of every Redis key")
 	fs.DurationVar(&o.redisTimeout, "redis.timeout", 25*time.Millisecond, "upper bound of one Redis call, kept well under Envoy's rate-limit timeout so a slow Redis becomes a failure_mode answer in time; the incoming gRPC deadline (minus 5ms) may shorten it")
 	fs.BoolVar(&o.redisFunctions, "redis.functions", true, "run the check as a Redis Function (FCALL, Redis >= 7.0; loaded with FUNCTION LOAD on first use); servers without Functions or whose ACL forbids them are detected and served with EVALSHA; false always uses EVALSHA")

@@ -211,6 +211,31 @@ func (m *Metrics) DenyCache(stats func() DenyCacheStats) error {
 	return nil
 }
 
+// RedisCallStats are the Redis backend's counters at one instant.
+type RedisCallStats struct {
+	Checks, Calls uint64
+}
+
+// RedisCalls exports the Redis backend's counters of checks and script
+// calls, read from stats at scrape time.
+func (m *Metrics) RedisCalls(stats func() RedisCallStats) error {
+	for _, c := range []prometheus.Collector{
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "envoy_rls_redis_checks_total",
+			Help: "Requests (their limits together) sent to Redis to be decided.",
+		}, func() float64 { return float64(stats().Checks) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "envoy_rls_redis_calls_total",
+			Help: "Check script calls sent to Redis: one per request without coalescing (one per hash slot on a Cluster); with coalescing (--redis.senders) one call carries the requests that arrived while the others were in flight, and checks_total/calls_total is the average number per call.",
+		}, func() float64 { return float64(stats().Calls) }),
+	} {
+		if err := m.registerer.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // InstrumentStore returns a limiter.Limiter that times every call of l in
 // envoy_rls_store_duration_seconds.
 func (m *Metrics) InstrumentStore(l limiter.Limiter, now func() time.Time) limiter.Limiter {

@@ -30,7 +30,7 @@ type Backend struct {
 	now     func() time.Time
 	scripts *scripts
 	scratch sync.Pool // *batch
-	// flags are check.lua's ARGV[2] without and with the no-consumption
+	// flags are check.lua's ARGV[1] without and with the no-consumption
 	// figures: "<alt> <expiry slack ms>", boxed once so that a call does
 	// not allocate for them.
 	flags [2]any
@@ -46,6 +46,14 @@ type Backend struct {
 	loads   atomic.Uint64
 
 	refundErrors atomic.Uint64
+	// calls counts check script calls sent, checks the Checks they
+	// decided (see CallStats).
+	calls, checks atomic.Uint64
+
+	// co coalesces concurrent Checks into shared calls (single node and
+	// Sentinel, unless Options.Senders < 0); nil means every Check is a
+	// call of its own.
+	co *coalescer
 }
 
 var _ limiter.Limiter = (*Backend)(nil)
@@ -116,16 +124,36 @@ func newBackend(c redis.UniversalClient, opts Options) (*Backend, error) {
 	b.flags = [2]any{"0 " + slack, "1 " + slack}
 	b.cluster, _ = c.(*redis.ClusterClient)
 	b.scratch.New = func() any { return new(batch) }
+	if b.cluster == nil && opts.Senders >= 0 {
+		senders, maxBatch := opts.Senders, opts.MaxBatch
+		if senders == 0 {
+			senders = DefaultSenders
+		}
+		if maxBatch == 0 {
+			maxBatch = DefaultMaxBatch
+		}
+		b.co = newCoalescer(b, senders, maxBatch)
+	}
 	return b, nil
 }
 
-// Close closes the client if New created it. Calls after Close fail with
-// limiter.ErrUnavailable.
+// Close stops the coalescing senders (their calls in flight end first) and
+// closes the client if New created it. Calls after Close fail with
+// limiter.ErrUnavailable (with NewFromClient, coalesced calls do; the others
+// go on while the caller's client is open).
 func (b *Backend) Close() error {
-	if !b.owned {
-		return nil
+	if b.co != nil {
+		b.co.stopOnce.Do(func() { close(b.co.stop) })
 	}
-	return b.client.Close()
+	var err error
+	if b.owned {
+		// Closing the client also ends calls in flight without a deadline.
+		err = b.client.Close()
+	}
+	if b.co != nil {
+		b.co.close()
+	}
+	return err
 }
 
 // Ping reports whether Redis answers (every master in Cluster mode), for
@@ -163,6 +191,20 @@ func (b *Backend) Ping(ctx context.Context) error {
 // counter over-counts until its window ends); it never over-admits.
 func (b *Backend) RefundErrors() uint64 { return b.refundErrors.Load() }
 
+// CallStats are the backend's counters since it was created.
+type CallStats struct {
+	// Checks is the number of Checks sent to Redis, Calls the number of
+	// check script calls that decided them: one per Check without
+	// coalescing (one per hash slot in Cluster mode), fewer with it.
+	Checks, Calls uint64
+}
+
+// CallStats returns the counters of checks and calls. Checks/Calls is the
+// average number of Checks a coalesced call carried.
+func (b *Backend) CallStats() CallStats {
+	return CallStats{Checks: b.checks.Load(), Calls: b.calls.Load()}
+}
+
 // Check implements limiter.Limiter. See the package documentation for the
 // number of Redis calls per Check.
 func (b *Backend) Check(ctx context.Context, reqs []limiter.Request, results []limiter.Result) error {
@@ -174,6 +216,7 @@ func (b *Backend) Check(ctx context.Context, reqs []limiter.Request, results []l
 	}
 	ctx, cancel := b.bound(ctx)
 	defer cancel()
+	b.checks.Add(1)
 	if b.cluster != nil {
 		err := b.checkCluster(ctx, reqs, results)
 		if err != nil {
@@ -184,6 +227,9 @@ func (b *Backend) Check(ctx context.Context, reqs []limiter.Request, results []l
 			b.cluster.ReloadState(ctx)
 		}
 		return err
+	}
+	if b.co != nil {
+		return b.co.check(ctx, reqs, results)
 	}
 	_, _, err := b.call(ctx, reqs, nil, results, nil)
 	return err
@@ -245,74 +291,85 @@ type figures struct {
 	reset     time.Duration
 }
 
-// batch is the scratch space of one script call, reused through a pool.
-type batch struct {
+// group is one batch of requests encoded for check.lua: its keys, and its
+// ARGV entries (the header "<n>" or "<n> <now>", then n specs). All of them
+// are substrings of one string, allocated once per group; the slices are
+// reused.
+type group struct {
 	buf  []byte
 	offs []int
 	keys []string
 	argv []string
-	cmd  []any // the command's arguments: pointers into keys and argv
 }
 
-// call runs check.lua for the requests reqs[idx[j]] (all of reqs when idx is
-// nil) and writes their results. With alt non-nil (len(alt) = number of
-// requests of the call) the script also returns the figures without
-// consumption. It returns the script's clock and whether it consumed.
-func (b *Backend) call(ctx context.Context, reqs []limiter.Request, idx []int, results []limiter.Result, alt []figures) (now int64, committed bool, err error) {
+// encode fills g with the requests reqs[idx[j]] (all of reqs when idx is
+// nil).
+func (g *group) encode(b *Backend, reqs []limiter.Request, idx []int) {
 	n := len(reqs)
 	if idx != nil {
 		n = len(idx)
 	}
-	at := func(j int) int {
-		if idx == nil {
-			return j
-		}
-		return idx[j]
-	}
-	bt := b.scratch.Get().(*batch)
-	defer b.scratch.Put(bt)
-	buf, offs := bt.buf[:0], bt.offs[:0]
-	// Layout of buf: now, then every key base, then every request spec.
+	buf, offs := g.buf[:0], g.offs[:0]
+	// Layout of buf: the header, then every key base, then every spec.
+	buf = strconv.AppendInt(buf, int64(n), 10)
 	if b.now != nil {
+		buf = append(buf, ' ')
 		buf = strconv.AppendInt(buf, b.now().UnixMilli(), 10)
 	}
 	offs = append(offs, len(buf))
 	for j := 0; j < n; j++ {
-		buf = appendBaseKey(buf, b.prefix, &reqs[at(j)])
+		buf = appendBaseKey(buf, b.prefix, &reqs[at(idx, j)])
 		offs = append(offs, len(buf))
 	}
 	for j := 0; j < n; j++ {
-		buf = appendSpec(buf, &reqs[at(j)])
+		buf = appendSpec(buf, &reqs[at(idx, j)])
 		offs = append(offs, len(buf))
 	}
 	s := string(buf)
-	keys, argv := bt.keys[:0], bt.argv[:0]
+	keys, argv := g.keys[:0], g.argv[:0]
 	for j := 0; j < n; j++ {
 		keys = append(keys, s[offs[j]:offs[j+1]])
 	}
-	argv = append(argv, s[:offs[0]], "")
+	argv = append(argv, s[:offs[0]])
 	for j := 0; j < n; j++ {
 		argv = append(argv, s[offs[n+j]:offs[n+j+1]])
 	}
-	bt.buf, bt.offs, bt.keys, bt.argv = buf, offs, keys, argv
-	flags := b.flags[0]
-	if alt != nil {
-		flags = b.flags[1]
+	g.buf, g.offs, g.keys, g.argv = buf, offs, keys, argv
+}
+
+// release drops g's references to its string, so that a pooled group does
+// not keep it alive.
+func (g *group) release() {
+	clear(g.keys)
+	clear(g.argv)
+	g.keys, g.argv = g.keys[:0], g.argv[:0]
+}
+
+// at is the index of the j-th request of a group: idx[j], or j when idx is
+// nil.
+func at(idx []int, j int) int {
+	if idx == nil {
+		return j
 	}
-	cmd := b.runCheck(ctx, bt, keys, argv, flags)
-	// Do not keep the strings alive through the pool.
-	defer func() { clear(keys); clear(argv); clear(bt.cmd) }()
-	// The reply is a flat array of integers, read without boxing.
-	v, err := cmd.Result()
-	if err != nil {
-		return 0, false, unavailable(ctx, "check script", err)
+	return idx[j]
+}
+
+// replyLen is the length of a group's part of check.lua's reply.
+func replyLen(n int, alt bool) int {
+	if alt {
+		return 2 + 6*n
 	}
+	return 2 + 4*n
+}
+
+// decodeReply writes the results of the requests reqs[idx[j]] (all of reqs
+// when idx is nil) from v, the group's part of check.lua's reply, of length
+// replyLen. With alt non-nil it reads the figures without consumption too.
+// It returns the group's clock and whether it consumed.
+func decodeReply(v []int64, idx []int, results []limiter.Result, alt []figures) (now int64, committed bool, err error) {
 	stride := 4
 	if alt != nil {
 		stride = 6
-	}
-	if len(v) != 2+stride*n {
-		return 0, false, unavailable(ctx, "check script", fmt.Errorf("reply has %d elements, want %d", len(v), 2+stride*n))
 	}
 	var bad bool
 	num := func(i int64) int64 {
@@ -323,9 +380,9 @@ func (b *Backend) call(ctx context.Context, reqs []limiter.Request, idx []int, r
 	}
 	now = num(v[0])
 	committed = num(v[1]) == 1
-	for j := 0; j < n; j++ {
+	for j := 0; 2+stride*j < len(v); j++ {
 		r := v[2+stride*j : 2+stride*(j+1)]
-		results[at(j)] = limiter.Result{
+		results[at(idx, j)] = limiter.Result{
 			Allowed:    num(r[0]) == 1,
 			Remaining:  uint64(num(r[1])),
 			ResetAfter: time.Duration(num(r[2])) * time.Millisecond,
@@ -337,7 +394,48 @@ func (b *Backend) call(ctx context.Context, reqs []limiter.Request, idx []int, r
 		}
 	}
 	if bad {
-		return 0, false, unavailable(ctx, "check script", errors.New("reply holds a value that is not a non-negative integer"))
+		return 0, false, errors.New("reply holds a value that is not a non-negative integer")
+	}
+	return now, committed, nil
+}
+
+// batch is the scratch space of one script call, reused through a pool.
+type batch struct {
+	g    group
+	keys []string
+	argv []string
+	cmd  []any // the command's arguments: pointers into keys and argv
+}
+
+// call runs check.lua for the requests reqs[idx[j]] (all of reqs when idx is
+// nil) as a call of its own and writes their results. With alt non-nil
+// (len(alt) = number of requests of the call) the script also returns the
+// figures without consumption. It returns the script's clock and whether it
+// consumed.
+func (b *Backend) call(ctx context.Context, reqs []limiter.Request, idx []int, results []limiter.Result, alt []figures) (now int64, committed bool, err error) {
+	bt := b.scratch.Get().(*batch)
+	defer b.scratch.Put(bt)
+	bt.g.encode(b, reqs, idx)
+	defer bt.g.release()
+	flags := b.flags[0]
+	if alt != nil {
+		flags = b.flags[1]
+	}
+	b.calls.Add(1)
+	cmd := b.runCheck(ctx, bt, bt.g.keys, bt.g.argv, flags)
+	// Do not keep the strings alive through the pool.
+	defer clear(bt.cmd)
+	// The reply is a flat array of integers, read without boxing.
+	v, err := cmd.Result()
+	if err != nil {
+		return 0, false, unavailable(ctx, "check script", err)
+	}
+	if want := replyLen(len(bt.g.keys), alt != nil); len(v) != want {
+		return 0, false, unavailable(ctx, "check script", fmt.Errorf("reply has %d elements, want %d", len(v), want))
+	}
+	now, committed, err = decodeReply(v, idx, results, alt)
+	if err != nil {
+		return 0, false, unavailable(ctx, "check script", err)
 	}
 	return now, committed, nil
 }
@@ -378,17 +476,17 @@ func (b *Backend) runCheck(ctx context.Context, bt *batch, keys, argv []string, 
 	return cmd
 }
 
-// sendCheck sends "<verb> <script> <numkeys> <keys> <flags> <argv[2:]>",
-// built in bt.cmd with every key and argument passed as a *string into keys
-// and argv, which go-redis writes as the string, so that no argument is
-// boxed on the heap.
+// sendCheck sends "<verb> <script> <numkeys> <keys> <flags> <argv>", built
+// in bt.cmd with every key and argument passed as a *string into keys and
+// argv, which go-redis writes as the string, so that no argument is boxed on
+// the heap.
 func (b *Backend) sendCheck(ctx context.Context, bt *batch, verb string, script any, keys, argv []string, flags any) *redis.IntSliceCmd {
 	args := append(bt.cmd[:0], verb, script, len(keys))
 	for i := range keys {
 		args = append(args, &keys[i])
 	}
-	args = append(args, &argv[0], flags)
-	for i := 2; i < len(argv); i++ {
+	args = append(args, flags)
+	for i := range argv {
 		args = append(args, &argv[i])
 	}
 	bt.cmd = args

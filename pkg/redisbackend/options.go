@@ -71,6 +71,16 @@ type Options struct {
 	// detected on the first check and served with scripts. Set it when
 	// FUNCTION LOAD must not be used at all (flag --redis.functions=false).
 	DisableFunctions bool
+	// Senders is the number of coalesced check calls in flight at once on
+	// a single node or Sentinel (see "Coalescing" in coalesce.go): 0 means
+	// DefaultSenders, a negative value turns coalescing off so that every
+	// Check is a call of its own (flag --redis.senders). Cluster clients
+	// never coalesce.
+	Senders int
+	// MaxBatch bounds the requests (limits) of one coalesced call; 0 means
+	// DefaultMaxBatch (flag --redis.max-batch). A Check larger than it is
+	// still sent whole, alone.
+	MaxBatch int
 }
 
 // topology is the validated choice among URL, cluster and Sentinel.
@@ -119,6 +129,12 @@ func (o *Options) validate() (topology, error) {
 	}
 	if o.PoolSize < 0 {
 		errs = append(errs, fmt.Errorf("--redis.pool-size %d is negative", o.PoolSize))
+	}
+	if o.MaxBatch < 0 {
+		errs = append(errs, fmt.Errorf("--redis.max-batch %d is negative", o.MaxBatch))
+	}
+	if o.PoolSize > 0 && o.Senders > o.PoolSize {
+		errs = append(errs, fmt.Errorf("--redis.senders %d exceeds --redis.pool-size %d: every sender needs a connection", o.Senders, o.PoolSize))
 	}
 	return topo, errors.Join(errs...)
 }

@@ -42,8 +42,8 @@ func (c *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 // TestOneRoundTripPerCheck: N Checks of 3 requests each on a single node are
 // N FCALL calls (N EVALSHA with Functions disabled) and nothing else, seen
 // from the client (a hook) and from the server (INFO commandstats; the only
-// other commands are those the script itself runs, and TIME runs exactly once
-// per call).
+// other commands are those the script itself runs: TIME and MGET exactly once
+// per call, then the writes).
 func TestOneRoundTripPerCheck(t *testing.T) {
 	for _, verb := range []string{"fcall", "evalsha"} {
 		t.Run(verb, func(t *testing.T) { testOneRoundTripPerCheck(t, verb) })
@@ -109,7 +109,10 @@ func testOneRoundTripPerCheck(t *testing.T, verb string) {
 	if stats["time"] != int64(n) {
 		t.Errorf("server ran TIME %d times for %d Checks, want one per script", stats["time"], n)
 	}
-	inScript := map[string]bool{"time": true, "get": true, "set": true, "incrby": true}
+	if stats["mget"] != int64(n) {
+		t.Errorf("server ran MGET %d times for %d Checks, want one per script (every counter read at once)", stats["mget"], n)
+	}
+	inScript := map[string]bool{"time": true, "mget": true, "set": true, "incrby": true}
 	observed := map[string]bool{"info": true, "config|resetstat": true}
 	for cmd, calls := range stats {
 		if cmd != verb && !inScript[cmd] && !observed[cmd] {

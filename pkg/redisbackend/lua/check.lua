@@ -1,142 +1,180 @@
--- check.lua: decides one batch of limit checks atomically. It is the body of
--- the check function of the library (scripts.go): lib.lua, sliding_window.lua,
--- fixed_window.lua, token_bucket.lua, sliding_log.lua and algorithms.lua
--- define the helpers once, and this driver runs per call, either as a
--- registered Redis Function (FCALL) or, concatenated after them, as a script
--- (EVALSHA).
+-- check.lua: decides one or more batches of limit checks, each atomically and
+-- all of them in one call. It is the body of the check function of the
+-- library (scripts.go): lib.lua, sliding_window.lua, fixed_window.lua,
+-- token_bucket.lua, sliding_log.lua and algorithms.lua define the helpers
+-- once, and this driver runs per call, either as a registered Redis Function
+-- (FCALL) or, concatenated after them, as a script (EVALSHA).
 --
--- KEYS[i]  the key base "<prefix>{<id>}" of request i (i = 1..n). The
---          algorithm appends its suffix (":<bucket>", ":tb", ":log"); the
---          suffixed keys share the {<id>} hash tag and so the slot of the
---          declared base key.
--- ARGV[1]  now in ms since the Unix epoch, or "" to use Redis TIME
---          (sec·1000 + floor(usec/1000)).
--- ARGV[2]  "<alt> <slack>": alt "1" appends the no-consumption figures to
+-- A call carries G >= 1 groups; a group is the batch of one Check (one Envoy
+-- request). Groups are decided one after the other, each seeing what the
+-- groups before it wrote, exactly as if each had been a call of its own: the
+-- Go side coalesces the Checks of concurrent callers into one call to spare
+-- Redis a command, a TIME and a network read and write per Check.
+--
+-- KEYS     the key bases "<prefix>{<id>}" of every request of every group, in
+--          order. The algorithm appends its suffix (":<bucket>", ":tb",
+--          ":log"); the suffixed keys share the {<id>} hash tag and so the
+--          slot of the declared base key.
+-- ARGV[1]  "<alt> <slack>": alt "1" appends the no-consumption figures to
 --          every request (see the reply), "0" does not; slack is added to
 --          every expiry in ms (0 on Redis TIME; see ttl_slack in lib.lua).
--- ARGV[2+i] request i: "<alg> <window_ms> <limit> <capacity> <hits> <shadow>",
---          six decimal integers separated by one space: alg 0 sliding_window,
---          1 fixed_window, 2 token_bucket, 3 sliding_log; capacity is the
---          burst for a token bucket (the limit otherwise); hits 0 checks
---          without consuming; shadow 1 marks a shadow request.
+-- then per group: a header "<n>" or "<n> <now>": the group's n requests,
+--          decided at now ms since the Unix epoch, or when absent at Redis
+--          TIME (sec·1000 + floor(usec/1000), read once per call); then n
+--          request specs "<alg> <window_ms> <limit> <capacity> <hits>
+--          <shadow>", six decimal integers separated by one space: alg 0
+--          sliding_window, 1 fixed_window, 2 token_bucket, 3 sliding_log;
+--          capacity is the burst for a token bucket (the limit otherwise);
+--          hits 0 checks without consuming; shadow 1 marks a shadow request.
 --
--- Reply: a flat array of integers:
---   [1] now (the clock the batch was decided at)
---   [2] 1 if the batch consumed (no non-shadow request was denied), else 0
---   then per request i, in order: allowed (0/1), remaining, reset_ms,
---   retry_ms, and with alt = 1 also remaining0, reset0: remaining and
---   reset as they are without this batch's consumption (the Cluster driver
---   needs them when another slot vetoed the batch and this one is refunded).
+-- Reply: a flat array of integers, per group in order:
+--   now (the clock the group was decided at), 1 if the group consumed (no
+--   non-shadow request was denied) else 0, then per request, in order:
+--   allowed (0/1), remaining, reset_ms, retry_ms, and with alt = 1 also
+--   remaining0, reset0: remaining and reset as they are without this group's
+--   consumption (the Cluster driver needs them when another slot vetoed the
+--   batch and this one is refunded).
 --
--- Semantics (COMMON.md "Batches"): requests are decided in order; a request
--- sees the tentative consumption of earlier requests on the same counter
--- (same key base). If a non-shadow request is denied nothing is written and
--- every request reports remaining and reset on the stored state. Otherwise
--- every admitted request with hits > 0 consumes, and remaining and reset are
--- those right after its own decision. Every written key gets its expiry here.
+-- Semantics of a group (COMMON.md "Batches"): requests are decided in order;
+-- a request sees the tentative consumption of earlier requests on the same
+-- counter (same key base). If a non-shadow request is denied nothing is
+-- written and every request reports remaining and reset on the stored state.
+-- Otherwise every admitted request with hits > 0 consumes, and remaining and
+-- reset are those right after its own decision. Every written key gets its
+-- expiry here. A malformed group fails the whole call before anything of a
+-- later group is written (the Go side validates, so this is a bug guard).
 
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
 local alt = false
-if ARGV[2] == '0 0' then
+if ARGV[1] == '0 0' then
   ttl_slack = 0 -- the production flags, without parsing
 else
-  local alt_flag, slack = string.match(ARGV[2], '^([01]) (%d+)$')
+  local alt_flag, slack = string.match(ARGV[1], '^([01]) (%d+)$')
   if not alt_flag then
-    return redis.error_reply('ERR envoy-rls check: malformed ARGV[2]')
+    return redis.error_reply('ERR envoy-rls check: malformed ARGV[1]')
   end
   alt = alt_flag == '1'
   ttl_slack = tonumber(slack)
 end
-
-local n = #KEYS
-local orig = {}   -- base -> state as stored
-local cur = {}    -- base -> tentative state within this batch
-local dirty = {}  -- base, module, window of each counter to write, flat, first use order
--- The reply, sized in its constructor for up to four requests without the
--- alt figures (a table that grows is rehashed at every power of two).
-local out
-if alt or n > 4 then
-  out = {now, 0}
-elseif n == 1 then
-  out = {now, 0, 0, 0, 0, 0}
-elseif n == 2 then
-  out = {now, 0, 0, 0, 0, 0, 0, 0, 0, 0}
-elseif n == 3 then
-  out = {now, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
-else
-  out = {now, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
-end
-local veto = false
 local stride = 4
 if alt then
   stride = 6
 end
 
-for i = 1, n do
-  local p = parse_spec(ARGV[2 + i])
-  if not p then
-    return redis.error_reply('ERR envoy-rls check: malformed request ' .. i)
-  end
-  local m, w, l, cap, h = p[1], p[2], p[3], p[4], p[5]
-  local base = KEYS[i]
-  local s = cur[base]
-  if s == nil then
-    s = m.load(base, w, now)
-    orig[base] = s
-    cur[base] = s
-  end
-  local c, consume = h, h > 0
-  if h == 0 then
-    c = 1
-  end
-  local ok, rem, reset, retry, ns = m.decide(s, now, w, l, cap, c, consume)
-  if ok and consume then
-    if cur[base] == orig[base] then
-      local d = #dirty
-      dirty[d + 1], dirty[d + 2], dirty[d + 3] = base, m, w
-    end
-    cur[base] = ns
-  end
-  if not ok and not p[6] then
-    veto = true
-  end
-  local allowed = 0
-  if ok then
-    allowed = 1
-  end
-  local j = 2 + (i - 1) * stride
-  out[j + 1], out[j + 2], out[j + 3], out[j + 4] = allowed, rem, reset, retry
-  if alt then
-    out[j + 5], out[j + 6] = rem, reset
-  end
-end
+local time_now = nil -- Redis TIME in ms, read at most once per call
+local out = {}
+local o = 0 -- the last index written in out
+local a = 2 -- the index in ARGV of the next group header
+local k0 = 0 -- the index in KEYS before the next group's first key
 
-if veto or alt then
-  -- Figures without consumption: a check of one hit on the stored state.
-  for i = 1, n do
-    local p = parse_spec(ARGV[2 + i])
-    local _, rem, reset = p[1].decide(orig[KEYS[i]], now, p[2], p[3], p[4], 1, false)
-    local j = 2 + (i - 1) * stride
-    if veto then
-      out[j + 2], out[j + 3] = rem, reset
+while a <= #ARGV do
+  local n, now = string.match(ARGV[a], '^(%d+) ?(%d*)$')
+  if not n then
+    return redis.error_reply('ERR envoy-rls check: malformed group header at ARGV[' .. a .. ']')
+  end
+  n = tonumber(n)
+  if a + n > #ARGV or k0 + n > #KEYS then
+    return redis.error_reply('ERR envoy-rls check: group at ARGV[' .. a .. '] has too few specs or keys')
+  end
+  if now ~= '' then
+    now = tonumber(now)
+  else
+    if not time_now then
+      local t = redis.call('TIME')
+      time_now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     end
+    now = time_now
+  end
+
+  -- Parse the specs and read every counter of the group with one MGET.
+  local specs = {}
+  local orig = {}  -- base -> state as stored
+  local first = {} -- base -> index in ks of its first key
+  local bases = {} -- distinct bases in first-use order
+  local ks = {}
+  for i = 1, n do
+    local p = parse_spec(ARGV[a + i])
+    if not p then
+      return redis.error_reply('ERR envoy-rls check: malformed request spec at ARGV[' .. (a + i) .. ']')
+    end
+    specs[i] = p
+    local base = KEYS[k0 + i]
+    if not first[base] then
+      first[base] = #ks + 1
+      bases[#bases + 1] = i
+      p[1].keys(base, p[2], now, ks)
+    end
+  end
+  local vals = ks
+  if #ks > 0 then
+    vals = redis.call('MGET', unpack(ks))
+  end
+  for _, i in ipairs(bases) do
+    local p, base = specs[i], KEYS[k0 + i]
+    orig[base] = p[1].load(base, p[2], now, ks, vals, first[base])
+  end
+
+  local cur = {}   -- base -> tentative state within this group
+  local dirty = {} -- base, module, window of each counter to write, flat, first use order
+  local veto = false
+  out[o + 1], out[o + 2] = now, 0
+  for i = 1, n do
+    local p = specs[i]
+    local m, w, l, cap, h = p[1], p[2], p[3], p[4], p[5]
+    local base = KEYS[k0 + i]
+    local s = cur[base] or orig[base]
+    local c, consume = h, h > 0
+    if h == 0 then
+      c = 1
+    end
+    local ok, rem, reset, retry, ns = m.decide(s, now, w, l, cap, c, consume)
+    if ok and consume then
+      if not cur[base] then
+        local d = #dirty
+        dirty[d + 1], dirty[d + 2], dirty[d + 3] = base, m, w
+      end
+      cur[base] = ns
+    end
+    if not ok and not p[6] then
+      veto = true
+    end
+    local allowed = 0
+    if ok then
+      allowed = 1
+    end
+    local j = o + 2 + (i - 1) * stride
+    out[j + 1], out[j + 2], out[j + 3], out[j + 4] = allowed, rem, reset, retry
     if alt then
       out[j + 5], out[j + 6] = rem, reset
     end
   end
-end
 
-if not veto then
-  for d = 1, #dirty, 3 do
-    local base = dirty[d]
-    dirty[d + 1].store(base, dirty[d + 2], cur[base], now, orig[base])
+  if veto or alt then
+    -- Figures without consumption: a check of one hit on the stored state.
+    for i = 1, n do
+      local p = specs[i]
+      local _, rem, reset = p[1].decide(orig[KEYS[k0 + i]], now, p[2], p[3], p[4], 1, false)
+      local j = o + 2 + (i - 1) * stride
+      if veto then
+        out[j + 2], out[j + 3] = rem, reset
+      end
+      if alt then
+        out[j + 5], out[j + 6] = rem, reset
+      end
+    end
   end
-  out[2] = 1
+
+  if not veto then
+    for d = 1, #dirty, 3 do
+      local base = dirty[d]
+      dirty[d + 1].store(base, dirty[d + 2], cur[base], now, orig[base])
+    end
+    out[o + 2] = 1
+  end
+  o = o + 2 + n * stride
+  a = a + 1 + n
+  k0 = k0 + n
+end
+if k0 ~= #KEYS then
+  return redis.error_reply('ERR envoy-rls check: ' .. #KEYS .. ' keys for ' .. k0 .. ' requests')
 end
 return out

@@ -10,10 +10,13 @@
 
 local fixed_window = {}
 
-function fixed_window.load(base, w, now)
-  local b = idiv(now, w)
-  local key = bucket_key(base, b)
-  return {b = b, n = get_num(key), key = key}
+-- keys and load: as sliding_window's, with the current bucket only.
+function fixed_window.keys(base, w, now, ks)
+  ks[#ks + 1] = bucket_key(base, idiv(now, w))
+end
+
+function fixed_window.load(base, w, now, ks, vals, i)
+  return {b = idiv(now, w), n = num_of(vals[i]), key = ks[i]}
 end
 
 -- decide returns allowed, remaining, reset_ms, retry_ms and the new state.

@@ -48,9 +48,9 @@ local function fmt_int(x)
   return string.format('%d', x)
 end
 
--- get_num reads an integer string key; an absent key is 0.
-local function get_num(key)
-  local v = redis.call('GET', key)
+-- num_of is the integer a counter key holds, from its GET/MGET value (false
+-- when the key is absent: 0).
+local function num_of(v)
   if not v then
     return 0
   end

@@ -25,7 +25,11 @@ local function sl_nth(key, cutoff, k)
   return tonumber(r[2])
 end
 
-function sliding_log.load(base, w, now)
+-- keys: none; a log is not read with MGET but counted by load.
+function sliding_log.keys(base, w, now, ks)
+end
+
+function sliding_log.load(base, w, now, ks, vals, i)
   local key = sl_key(base)
   return {key = key, n = redis.call('ZCOUNT', key, '(' .. fmt_int(now - w), '+inf'), added = 0}
 end

@@ -60,10 +60,17 @@ local function sw_retry_at(b, cur, prev, now, c, w, l)
   return t
 end
 
-function sliding_window.load(base, w, now)
+-- keys appends the keys load reads, current bucket first, to ks.
+function sliding_window.keys(base, w, now, ks)
   local b = idiv(now, w)
-  local key = bucket_key(base, b)
-  return {b = b, cur = get_num(key), prev = get_num(bucket_key(base, b - 1)), key = key}
+  ks[#ks + 1] = bucket_key(base, b)
+  ks[#ks + 1] = bucket_key(base, b - 1)
+end
+
+-- load returns the state from the values of keys' keys, read (MGET) into
+-- vals from index i on; ks are those keys.
+function sliding_window.load(base, w, now, ks, vals, i)
+  return {b = idiv(now, w), cur = num_of(vals[i]), prev = num_of(vals[i + 1]), key = ks[i]}
 end
 
 -- decide returns allowed, remaining, reset_ms, retry_ms and the new state.

@@ -41,8 +41,8 @@ local function tb_debt(s, now, l)
   return debt - paid
 end
 
-function token_bucket.load(base, w, now)
-  local v = redis.call('GET', tb_key(base))
+-- tb_state parses the stored value v (false when the key is absent).
+local function tb_state(v)
   if not v then
     return {at = 0, debt = 0, per = 0}
   end
@@ -51,6 +51,15 @@ function token_bucket.load(base, w, now)
     return {at = 0, debt = 0, per = 0}
   end
   return {at = tonumber(at), debt = tonumber(debt), per = tonumber(per)}
+end
+
+-- keys and load: as sliding_window's, with the one key <base>:tb.
+function token_bucket.keys(base, w, now, ks)
+  ks[#ks + 1] = tb_key(base)
+end
+
+function token_bucket.load(base, w, now, ks, vals, i)
+  return tb_state(vals[i])
 end
 
 -- decide returns allowed, remaining, reset_ms, retry_ms and the new state.
@@ -96,7 +105,7 @@ end
 -- slot denied): c·W ticks of 1/l ms, converted to the stored unit rounding
 -- down, so a refund never returns more than was taken.
 function token_bucket.refund(base, w, c, l, now)
-  local s = token_bucket.load(base, w, now)
+  local s = tb_state(redis.call('GET', tb_key(base)))
   if s.debt == 0 or s.per == 0 then
     return
   end

@@ -1,0 +1,236 @@
+package redisbackend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+)
+
+// Coalescing
+//
+// On a single node or Sentinel, concurrent Checks are sent together: a Check
+// encodes its group (keys and specs) in its own goroutine and hands it to one
+// of a few sender goroutines; a sender takes every group that is waiting, up
+// to MaxBatch requests, and sends them as one check call, in which Redis
+// decides the groups one after the other, each atomically, exactly as if
+// they had been calls of their own (check.lua). The reply is split between
+// the callers.
+//
+// A sender sends the moment it has a group, so a lone Check is not delayed:
+// groups pile up only while every sender has a call in flight, and a busier
+// server sends bigger calls, not more of them. Redis then pays one command,
+// one TIME and one network read and write per call instead of per Check, and
+// envoy-rls one system call each way.
+//
+// Deadlines: a call is bounded by the latest deadline of its groups. A
+// caller whose own deadline passes stops waiting and reports
+// limiter.ErrUnavailable; its group may still be decided (and counted) by a
+// call already sent, as with a reply lost on the network. A group whose
+// caller gave up before the call was built is not sent.
+
+// Defaults of the coalescing options.
+const (
+	// DefaultSenders is the default number of coalesced calls in flight at
+	// once (Options.Senders).
+	DefaultSenders = 2
+	// DefaultMaxBatch is the default bound on the requests of one
+	// coalesced call (Options.MaxBatch).
+	DefaultMaxBatch = 256
+)
+
+// Job states. A job is owned by its caller until it is handed to a sender;
+// from then on whichever of the caller and the sender finishes with it last
+// puts it back in the pool: the caller after reading a result, the sender
+// after delivering one that nobody waits for any more.
+const (
+	jobPending   int32 = iota // handed to a sender, no result yet
+	jobDone                   // result delivered; the caller owns the job
+	jobAbandoned              // the caller stopped waiting; the sender owns it
+)
+
+// job is one Check waiting for a coalesced call.
+type job struct {
+	g     group
+	ctx   context.Context
+	state atomic.Int32
+	done  chan struct{} // receives once per delivered result
+	reply []int64       // the group's part of the reply
+	err   error
+}
+
+// coalescer owns the sender goroutines of a Backend.
+type coalescer struct {
+	b        *Backend
+	jobs     chan *job // unbuffered: a job is only ever held by a caller or a sender
+	stop     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+	maxBatch int
+	pool     sync.Pool // *job
+}
+
+func newCoalescer(b *Backend, senders, maxBatch int) *coalescer {
+	c := &coalescer{
+		b:        b,
+		jobs:     make(chan *job),
+		stop:     make(chan struct{}),
+		maxBatch: maxBatch,
+	}
+	c.pool.New = func() any { return &job{done: make(chan struct{}, 1)} }
+	for range senders {
+		c.wg.Go(c.sender)
+	}
+	return c
+}
+
+// close stops the senders after their calls in flight end, and makes every
+// later check fail. It is idempotent.
+func (c *coalescer) close() {
+	c.stopOnce.Do(func() { close(c.stop) })
+	c.wg.Wait()
+}
+
+var errClosed = errors.New("redisbackend: closed")
+
+// check decides reqs as one group of a coalesced call. ctx is already
+// bounded by the Backend's timeout.
+func (c *coalescer) check(ctx context.Context, reqs []limiter.Request, results []limiter.Result) error {
+	j := c.pool.Get().(*job)
+	j.g.encode(c.b, reqs, nil)
+	j.ctx = ctx
+	j.state.Store(jobPending)
+	select {
+	case c.jobs <- j:
+	case <-ctx.Done():
+		c.put(j)
+		return unavailable(ctx, "check script", ctx.Err())
+	case <-c.stop:
+		c.put(j)
+		return fmt.Errorf("%w: %w", limiter.ErrUnavailable, errClosed)
+	}
+	select {
+	case <-j.done:
+	case <-ctx.Done():
+		if j.state.CompareAndSwap(jobPending, jobAbandoned) {
+			return unavailable(ctx, "check script", ctx.Err())
+		}
+		<-j.done // delivered meanwhile
+	}
+	defer c.put(j)
+	if j.err != nil {
+		return unavailable(ctx, "check script", j.err)
+	}
+	if _, _, err := decodeReply(j.reply, nil, results, nil); err != nil {
+		return unavailable(ctx, "check script", err)
+	}
+	return nil
+}
+
+// put returns j to the pool, without references to its caller's data.
+func (c *coalescer) put(j *job) {
+	j.g.release()
+	j.ctx, j.err = nil, nil
+	j.reply = j.reply[:0]
+	c.pool.Put(j)
+}
+
+// deliver hands j's result to its caller, or releases j if the caller gave
+// up.
+func (c *coalescer) deliver(j *job, err error) {
+	j.err = err
+	if j.state.CompareAndSwap(jobPending, jobDone) {
+		j.done <- struct{}{}
+		return
+	}
+	c.put(j)
+}
+
+// sender sends coalesced calls until the coalescer stops.
+func (c *coalescer) sender() {
+	var queued []*job
+	bt := new(batch)
+	for {
+		var j *job
+		select {
+		case j = <-c.jobs:
+		case <-c.stop:
+			return
+		}
+		queued = append(queued[:0], j)
+		n := len(j.g.keys)
+	fill:
+		for n < c.maxBatch {
+			select {
+			case j := <-c.jobs:
+				queued = append(queued, j)
+				n += len(j.g.keys)
+			default:
+				break fill
+			}
+		}
+		c.send(bt, queued)
+		clear(queued)
+	}
+}
+
+// send makes one call for the groups of jobs and delivers every result.
+func (c *coalescer) send(bt *batch, jobs []*job) {
+	// Drop the groups whose caller has already given up, and bound the
+	// call by the latest deadline of the others (none if one has none).
+	live := jobs[:0]
+	var deadline time.Time
+	unbounded := false
+	for _, j := range jobs {
+		if err := j.ctx.Err(); err != nil {
+			c.deliver(j, err)
+			continue
+		}
+		live = append(live, j)
+		if dl, ok := j.ctx.Deadline(); !ok {
+			unbounded = true
+		} else if dl.After(deadline) {
+			deadline = dl
+		}
+	}
+	if len(live) == 0 {
+		return
+	}
+	ctx := context.Background()
+	if !unbounded {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
+	keys, argv := bt.keys[:0], bt.argv[:0]
+	want := 0
+	for _, j := range live {
+		keys = append(keys, j.g.keys...)
+		argv = append(argv, j.g.argv...)
+		want += replyLen(len(j.g.keys), false)
+	}
+	bt.keys, bt.argv = keys, argv
+	c.b.calls.Add(1)
+	cmd := c.b.runCheck(ctx, bt, keys, argv, c.b.flags[0])
+	v, err := cmd.Result()
+	clear(keys)
+	clear(argv)
+	clear(bt.cmd)
+	if err == nil && len(v) != want {
+		err = fmt.Errorf("reply has %d elements, want %d", len(v), want)
+	}
+	for _, j := range live {
+		if err != nil {
+			c.deliver(j, err)
+			continue
+		}
+		k := replyLen(len(j.g.keys), false)
+		j.reply = append(j.reply[:0], v[:k]...)
+		v = v[k:]
+		c.deliver(j, nil)
+	}
+}
