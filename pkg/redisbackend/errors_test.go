@@ -173,11 +173,11 @@ func TestUnavailable(t *testing.T) {
 	t.Run("script error", func(t *testing.T) {
 		// A counter key of the wrong type makes the script fail: still a
 		// failure to decide. (The string counters are read with MGET, which
-		// answers nil for a key of another type, and then overwritten; a
+		// answers nil for a key of another type, and then overwrite it; a
 		// sliding log is counted with ZCOUNT, which fails on a string.)
 		lim := limiter.Limit{Algorithm: limiter.SlidingLog, Requests: 10, Window: time.Minute}
 		req := limiter.Request{Key: key(t.Name()), Limit: lim, Hits: 1}
-		if err := r.Client().Set(ctx, baseKey(DefaultKeyPrefix, req)+":log", "v", 0).Err(); err != nil {
+		if err := r.Client().Set(ctx, baseKey(DefaultKeyPrefix, req), "v", 0).Err(); err != nil {
 			t.Fatalf("SET: %v", err)
 		}
 		err := b.Check(ctx, []limiter.Request{req}, res)

@@ -11,20 +11,25 @@ import (
 
 // Key format
 //
-// Every counter lives under a key base
+// Every counter is one key
 //
 //	<prefix>{<id>}
 //
 // where <id> is the first 16 bytes (128 bits) of
 //
-//	SHA-256( "rls1" || uvarint(len(Request.Key)) || Request.Key || algorithm byte || uvarint(window ms) )
+//	SHA-256( "rls2" || uvarint(len(Request.Key)) || Request.Key || algorithm byte || uvarint(window ms) )
 //
-// encoded with unpadded base64url (22 characters of [A-Za-z0-9_-]). The scripts
-// append a suffix to the base:
+// encoded with unpadded base64url (22 characters of [A-Za-z0-9_-]). Its value
+// depends on the algorithm (see the header of each lua/ file):
 //
-//	sliding_window, fixed_window   <prefix>{<id>}:<bucket>   bucket = floor(now/W), decimal
-//	token_bucket                   <prefix>{<id>}:tb         the theoretical arrival time
-//	sliding_log                    <prefix>{<id>}:log        sorted set of hit times
+//	sliding_window   string "<bucket> <count> <count of the bucket before>"
+//	fixed_window     string "<bucket> <count> 0"
+//	token_bucket     string "<at> <debt> <per>"
+//	sliding_log      sorted set of hit times
+//
+// One key per counter keeps Redis memory at one small string per active
+// client and limit, lets the check read every counter of a request with one
+// MGET of keys that Go computed, and leaves Lua no key to build.
 //
 // Request.Key is already an unambiguous, length-prefixed encoding of the
 // domain, the rule identity and the descriptor entries; wrapping it in one more
@@ -42,12 +47,14 @@ import (
 const (
 	// idLen is the length of the encoded id inside the braces.
 	idLen = 22
-	// keyVersion is hashed in front of every identity, so that a future
-	// change of the encoding cannot collide with today's keys.
-	keyVersion = "rls1"
+	// keyVersion is hashed in front of every identity, so that a change of
+	// the encoding or of the stored values cannot collide with older keys:
+	// "rls1" kept a windowed counter as one integer key per bucket
+	// (<prefix>{<id>}:<bucket>) and the others under suffixes ":tb", ":log".
+	keyVersion = "rls2"
 )
 
-// appendBaseKey appends "<prefix>{<id>}" for the counter identity of r to dst.
+// appendBaseKey appends the key "<prefix>{<id>}" of the counter of r to dst.
 func appendBaseKey(dst []byte, prefix string, r *limiter.Request) []byte {
 	var buf [128]byte
 	id := buf[:0]

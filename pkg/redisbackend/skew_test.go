@@ -58,7 +58,8 @@ func TestRedisClockIgnoresInstanceClocks(t *testing.T) {
 
 // TestInjectedSkewedClocksDiverge shows why production uses Redis TIME: two
 // instances whose own clocks differ by 30 s count a 10 s fixed window in
-// different buckets, so together they admit twice the limit.
+// different buckets of its one key, each taking the other's count for a
+// stale bucket, so together they admit more than the limit.
 func TestInjectedSkewedClocksDiverge(t *testing.T) {
 	r := testenv.RedisServer(t)
 	t0 := time.UnixMilli(1_767_225_600_000)
@@ -66,7 +67,7 @@ func TestInjectedSkewedClocksDiverge(t *testing.T) {
 	b := newSingle(t, r, DefaultKeyPrefix, func() time.Time { return t0.Add(30 * time.Second) })
 	const limit = 50
 	req := limiter.Request{Key: key(t.Name()), Limit: limiter.Limit{Algorithm: limiter.FixedWindow, Requests: limit, Window: 10 * time.Second}, Hits: 1}
-	if got := admitAll(t, []*Backend{a, b}, req, 10); got != 2*limit {
-		t.Errorf("skewed instances admitted %d, want %d (one limit per bucket each)", got, 2*limit)
+	if got := admitAll(t, []*Backend{a, b}, req, 10); got <= limit {
+		t.Errorf("skewed instances admitted %d, want more than the limit %d", got, limit)
 	}
 }

@@ -11,10 +11,9 @@
 -- Go side coalesces the Checks of concurrent callers into one call to spare
 -- Redis a command, a TIME and a network read and write per Check.
 --
--- KEYS     the key bases "<prefix>{<id>}" of every request of every group, in
---          order. The algorithm appends its suffix (":<bucket>", ":tb",
---          ":log"); the suffixed keys share the {<id>} hash tag and so the
---          slot of the declared base key.
+-- KEYS     the keys "<prefix>{<id>}" of the counters of every request of
+--          every group, in order (keys.go). A counter is one key, whatever
+--          its algorithm (see the algorithm files).
 -- ARGV[1]  "<alt> <slack>": alt "1" appends the no-consumption figures to
 --          every request (see the reply), "0" does not; slack is added to
 --          every expiry in ms (0 on Redis TIME; see ttl_slack in lib.lua).
@@ -37,13 +36,14 @@
 --
 -- Semantics of a group (COMMON.md "Batches"): requests are decided in order;
 -- a request sees the tentative consumption of earlier requests on the same
--- counter (same key base). If a non-shadow request is denied nothing is
+-- counter (same key). If a non-shadow request is denied nothing is
 -- written and every request reports remaining and reset on the stored state.
 -- Otherwise every admitted request with hits > 0 consumes, and remaining and
 -- reset are those right after its own decision. Every written key gets its
 -- expiry here. A malformed group fails the whole call before anything of a
 -- later group is written (the Go side validates, so this is a bug guard).
 
+bind_globals()
 local alt = false
 if ARGV[1] == '0 0' then
   ttl_slack = 0 -- the production flags, without parsing
@@ -67,72 +67,77 @@ local a = 2 -- the index in ARGV of the next group header
 local k0 = 0 -- the index in KEYS before the next group's first key
 
 while a <= #ARGV do
-  local n, now = string.match(ARGV[a], '^(%d+) ?(%d*)$')
+  local n, now = match(ARGV[a], '^(%d+) ?(%d*)$')
   if not n then
     return redis.error_reply('ERR envoy-rls check: malformed group header at ARGV[' .. a .. ']')
   end
-  n = tonumber(n)
+  n = tonum(n)
   if a + n > #ARGV or k0 + n > #KEYS then
     return redis.error_reply('ERR envoy-rls check: group at ARGV[' .. a .. '] has too few specs or keys')
   end
   if now ~= '' then
-    now = tonumber(now)
+    now = tonum(now)
   else
     if not time_now then
-      local t = redis.call('TIME')
-      time_now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+      local t = rcall('TIME')
+      time_now = tonum(t[1]) * 1000 + floor(tonum(t[2]) / 1000)
     end
     now = time_now
   end
 
-  -- Parse the specs and read every counter of the group with one MGET.
+  -- Parse the specs and read every counter of the group that is a string
+  -- with one MGET.
   local specs = {}
-  local orig = {}  -- base -> state as stored
-  local first = {} -- base -> index in ks of its first key
-  local bases = {} -- distinct bases in first-use order
-  local ks = {}
+  local orig = {} -- key -> state as stored
+  local ks = {}   -- the distinct keys of string counters, first use order
+  local at = {}   -- key -> its index in ks (0: not a string counter)
   for i = 1, n do
     local p = parse_spec(ARGV[a + i])
     if not p then
       return redis.error_reply('ERR envoy-rls check: malformed request spec at ARGV[' .. (a + i) .. ']')
     end
     specs[i] = p
-    local base = KEYS[k0 + i]
-    if not first[base] then
-      first[base] = #ks + 1
-      bases[#bases + 1] = i
-      p[1].keys(base, p[2], now, ks)
+    local key = KEYS[k0 + i]
+    if not at[key] then
+      if p[1].string_state then
+        ks[#ks + 1] = key
+        at[key] = #ks
+      else
+        at[key] = 0
+        orig[key] = p[1].load(key, p[2], now, false)
+      end
     end
   end
-  local vals = ks
   if #ks > 0 then
-    vals = redis.call('MGET', unpack(ks))
-  end
-  for _, i in ipairs(bases) do
-    local p, base = specs[i], KEYS[k0 + i]
-    orig[base] = p[1].load(base, p[2], now, ks, vals, first[base])
+    local vals = rcall('MGET', unpack(ks))
+    for i = 1, n do
+      local p, key = specs[i], KEYS[k0 + i]
+      if orig[key] == nil then
+        orig[key] = p[1].load(key, p[2], now, vals[at[key]])
+      end
+    end
   end
 
-  local cur = {}   -- base -> tentative state within this group
-  local dirty = {} -- base, module, window of each counter to write, flat, first use order
+  local cur = {}   -- key -> tentative state within this group
+  local dirty = {} -- key, module, window of each counter to write, flat, first use order
   local veto = false
   out[o + 1], out[o + 2] = now, 0
   for i = 1, n do
     local p = specs[i]
     local m, w, l, cap, h = p[1], p[2], p[3], p[4], p[5]
-    local base = KEYS[k0 + i]
-    local s = cur[base] or orig[base]
+    local key = KEYS[k0 + i]
+    local s = cur[key] or orig[key]
     local c, consume = h, h > 0
     if h == 0 then
       c = 1
     end
     local ok, rem, reset, retry, ns = m.decide(s, now, w, l, cap, c, consume)
     if ok and consume then
-      if not cur[base] then
+      if not cur[key] then
         local d = #dirty
-        dirty[d + 1], dirty[d + 2], dirty[d + 3] = base, m, w
+        dirty[d + 1], dirty[d + 2], dirty[d + 3] = key, m, w
       end
-      cur[base] = ns
+      cur[key] = ns
     end
     if not ok and not p[6] then
       veto = true
@@ -165,8 +170,8 @@ while a <= #ARGV do
 
   if not veto then
     for d = 1, #dirty, 3 do
-      local base = dirty[d]
-      dirty[d + 1].store(base, dirty[d + 2], cur[base], now, orig[base])
+      local key = dirty[d]
+      dirty[d + 1].store(key, dirty[d + 2], cur[key], orig[key], now)
     end
     out[o + 2] = 1
   end

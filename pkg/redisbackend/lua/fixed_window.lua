@@ -2,29 +2,25 @@
 -- pkg/algorithm.FixedWindow. Part of check.lua / refund.lua (concatenated after
 -- lib.lua).
 --
--- Storage: <base>:<b> holds count[b] for bucket b = floor(now/W) as a decimal
--- integer string and expires when the bucket ends, at (b+1)·W.
--- KEYS, ARGV: none of its own; the driver passes the key base <prefix>{<id>}.
--- State table: {b = bucket, n = count[b], key = the key of bucket b (nil if
--- unknown)}.
+-- Storage: the counter's key holds "<b> <count[b]> 0" for the bucket b =
+-- floor(now/W) of its last write (the layout of sliding_window.lua, so that
+-- the two share their helpers) and expires when the bucket ends, at (b+1)·W.
+-- KEYS, ARGV: none of its own; the driver passes the key. State table
+-- (parse_state in lib.lua): {b, count[b], 0}.
 
-local fixed_window = {}
+local fixed_window = {string_state = true} -- read with MGET
 
--- keys and load: as sliding_window's, with the current bucket only.
-function fixed_window.keys(base, w, now, ks)
-  ks[#ks + 1] = bucket_key(base, idiv(now, w))
-end
-
-function fixed_window.load(base, w, now, ks, vals, i)
-  return {b = idiv(now, w), n = num_of(vals[i]), key = ks[i]}
+-- load returns the state stored as v (the key's MGET value, false if absent).
+function fixed_window.load(key, w, now, v)
+  return parse_state(v)
 end
 
 -- decide returns allowed, remaining, reset_ms, retry_ms and the new state.
 function fixed_window.decide(s, now, w, l, cap, c, consume)
   local b = idiv(now, w)
   local n = 0
-  if s.b == b then
-    n = s.n
+  if s[1] == b then
+    n = s[2]
   end
   local reset = (b + 1) * w - now
   local ok, retry = false, 0
@@ -42,23 +38,15 @@ function fixed_window.decide(s, now, w, l, cap, c, consume)
   if n < l then
     rem = l - n
   end
-  local key = s.key
-  if s.b ~= b then
-    key = nil
-  end
-  return ok, rem, reset, retry, {b = b, n = n, key = key}
+  return ok, rem, reset, retry, {b, n, 0}
 end
 
--- store writes state s over the stored state o, as sliding_window.store.
-function fixed_window.store(base, w, s, now, o)
-  local on = nil
-  if o.b == s.b then
-    on = o.n
-  end
-  store_bucket(base, w, s.b, s.key, s.n, on, 1, now)
+-- store writes state s, decided at now, over the stored state o.
+function fixed_window.store(key, w, s, o, now)
+  store_windowed(key, w, s, o, 1, now)
 end
 
 -- refund takes back c hits admitted at now (Cluster: another slot denied).
-function fixed_window.refund(base, w, c, l, now)
-  refund_bucket(base, w, c, now)
+function fixed_window.refund(key, w, c, l, now)
+  refund_windowed(key, w, c, now)
 end

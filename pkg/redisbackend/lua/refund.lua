@@ -2,7 +2,7 @@
 -- when another slot of the same batch vetoed it. The script sent to Redis is
 -- lib.lua, the four algorithm files and this driver, concatenated.
 --
--- KEYS[i]  the key base "<prefix>{<id>}" of consumed request i (i = 1..n).
+-- KEYS[i]  the key "<prefix>{<id>}" of consumed request i (i = 1..n).
 -- ARGV[1]  now: the clock check.lua decided the slot's batch at (its reply
 --          [1]), which names the window bucket the hits went to.
 -- ARGV[1+i] request i: "<alg> <window_ms> <limit> <hits>", four decimal
@@ -13,6 +13,7 @@
 -- Refunds never go below zero and never give back more than was taken; a key
 -- that has expired meanwhile is left alone.
 
+bind_globals()
 local now = tonumber(ARGV[1])
 local algs = {[0] = sliding_window, [1] = fixed_window, [2] = token_bucket, [3] = sliding_log}
 for i = 1, #KEYS do

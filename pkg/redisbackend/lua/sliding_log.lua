@@ -2,21 +2,19 @@
 -- pkg/algorithm.SlidingLog. Part of check.lua / refund.lua (concatenated after
 -- lib.lua).
 --
--- Storage: <base>:log is a sorted set with one member per admitted hit, score
--- = the hit's time in ms, member = "<time>:<seq>" with seq a zero-padded
--- 10-digit counter of the hits at that time (one more than the highest present,
--- so members are unique; ZADD NX retries with the next seq should one clash). Hits at or before now−W are
--- trimmed when the set is written; the key expires W after its newest hit.
--- KEYS, ARGV: none of its own; the driver passes the key base <prefix>{<id>}.
--- State table: {n = stored hits later than now−W, added = tentative hits of
--- this batch at now}. Stored hits are counted and located with ZCOUNT and
+-- Storage: the counter's key is a sorted set with one member per admitted
+-- hit, score = the hit's time in ms, member = "<time>:<seq>" with seq a
+-- zero-padded 10-digit counter of the hits at that time (one more than the
+-- highest present, so members are unique; ZADD NX retries with the next seq
+-- should one clash). Hits at or before now−W are trimmed when the set is
+-- written; the key expires W after its newest hit. KEYS, ARGV: none of its
+-- own; the driver passes the key. State table: {key, n = stored hits later
+-- than now−W, added = tentative hits of this batch at now}. Stored hits are counted and located with ZCOUNT and
 -- ZRANGE BYSCORE ... LIMIT, never loaded whole.
 
-local sliding_log = {}
-
-local function sl_key(base)
-  return base .. ':log'
-end
+-- The log is not a string: the driver does not read it with MGET (v is
+-- always false here); load counts it.
+local sliding_log = {string_state = false}
 
 -- sl_nth returns the time of the k-th oldest stored hit later than cutoff.
 local function sl_nth(key, cutoff, k)
@@ -25,12 +23,7 @@ local function sl_nth(key, cutoff, k)
   return tonumber(r[2])
 end
 
--- keys: none; a log is not read with MGET but counted by load.
-function sliding_log.keys(base, w, now, ks)
-end
-
-function sliding_log.load(base, w, now, ks, vals, i)
-  local key = sl_key(base)
+function sliding_log.load(key, w, now, v)
   return {key = key, n = redis.call('ZCOUNT', key, '(' .. fmt_int(now - w), '+inf'), added = 0}
 end
 
@@ -68,8 +61,7 @@ function sliding_log.decide(s, now, w, l, cap, c, consume)
   return ok, rem, reset, retry, {key = s.key, n = s.n, added = added}
 end
 
-function sliding_log.store(base, w, s, now)
-  local key = s.key
+function sliding_log.store(key, w, s, o, now)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt_int(now - w))
   local todo = s.added
   local t = fmt_int(now)
@@ -101,8 +93,7 @@ end
 -- refund takes back c hits admitted at now (Cluster: another slot denied) by
 -- removing c members scored now: hits at the same instant are
 -- interchangeable, so which ones go does not matter.
-function sliding_log.refund(base, w, c, l, now)
-  local key = sl_key(base)
+function sliding_log.refund(key, w, c, l, now)
   local t = fmt_int(now)
   local m = redis.call('ZRANGE', key, t, t, 'BYSCORE', 'LIMIT', '0', fmt_int(c))
   for i = 1, #m, 1000 do

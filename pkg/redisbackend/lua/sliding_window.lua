@@ -2,13 +2,13 @@
 -- Lua twin of pkg/algorithm.SlidingWindow. Part of check.lua / refund.lua
 -- (concatenated after lib.lua).
 --
--- Storage: <base>:<b> holds count[b] for bucket b = floor(now/W) as a decimal
--- integer string and expires 2W after the start of bucket b, i.e. at (b+2)·W.
--- KEYS, ARGV: none of its own; the driver passes the key base <prefix>{<id>}.
--- State table: {b = bucket, cur = count[b], prev = count[b-1], key = the key
--- of bucket b (nil if unknown)}.
+-- Storage: the counter's key holds "<b> <count[b]> <count[b-1]>" for the
+-- bucket b = floor(now/W) of its last write, and expires 2W after the start
+-- of bucket b, at (b+2)·W, when neither count matters any more.
+-- KEYS, ARGV: none of its own; the driver passes the key. State table
+-- (parse_state in lib.lua): {b, count[b], count[b-1]}.
 
-local sliding_window = {}
+local sliding_window = {string_state = true} -- read with MGET
 
 -- sw_weight is ceil(prev·(W−elapsed)/W), multiply then divide, in doubles.
 local function sw_weight(prev, elapsed, w)
@@ -60,27 +60,19 @@ local function sw_retry_at(b, cur, prev, now, c, w, l)
   return t
 end
 
--- keys appends the keys load reads, current bucket first, to ks.
-function sliding_window.keys(base, w, now, ks)
-  local b = idiv(now, w)
-  ks[#ks + 1] = bucket_key(base, b)
-  ks[#ks + 1] = bucket_key(base, b - 1)
-end
-
--- load returns the state from the values of keys' keys, read (MGET) into
--- vals from index i on; ks are those keys.
-function sliding_window.load(base, w, now, ks, vals, i)
-  return {b = idiv(now, w), cur = num_of(vals[i]), prev = num_of(vals[i + 1]), key = ks[i]}
+-- load returns the state stored as v (the key's MGET value, false if absent).
+function sliding_window.load(key, w, now, v)
+  return parse_state(v)
 end
 
 -- decide returns allowed, remaining, reset_ms, retry_ms and the new state.
 function sliding_window.decide(s, now, w, l, cap, c, consume)
   local b = idiv(now, w)
   local cur, prev = 0, 0
-  if s.b == b then
-    cur, prev = s.cur, s.prev
-  elseif s.b == b - 1 then
-    prev = s.cur
+  if s[1] == b then
+    cur, prev = s[2], s[3]
+  elseif s[1] == b - 1 then
+    prev = s[2]
   end
   local pw = sw_weight(prev, now - b * w, w)
   local ok, retry = false, 0
@@ -98,25 +90,15 @@ function sliding_window.decide(s, now, w, l, cap, c, consume)
   if cur + pw < l then
     rem = l - cur - pw
   end
-  local key = s.key
-  if s.b ~= b then
-    key = nil
-  end
-  return ok, rem, (b + 1) * w - now, retry, {b = b, cur = cur, prev = prev, key = key}
+  return ok, rem, (b + 1) * w - now, retry, {b, cur, prev}
 end
 
--- store writes state s, decided at now, over the stored state o (both from
--- load and decide at the same now). A counter that exists keeps its expiry
--- and only grows (INCRBY, the cheapest write); a new one is created with it.
-function sliding_window.store(base, w, s, now, o)
-  local stored = nil
-  if o.b == s.b then
-    stored = o.cur
-  end
-  store_bucket(base, w, s.b, s.key, s.cur, stored, 2, now)
+-- store writes state s, decided at now, over the stored state o.
+function sliding_window.store(key, w, s, o, now)
+  store_windowed(key, w, s, o, 2, now)
 end
 
 -- refund takes back c hits admitted at now (Cluster: another slot denied).
-function sliding_window.refund(base, w, c, l, now)
-  refund_bucket(base, w, c, now)
+function sliding_window.refund(key, w, c, l, now)
+  refund_windowed(key, w, c, now)
 end
