@@ -2,6 +2,7 @@ package redisbackend
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strconv"
@@ -354,43 +355,45 @@ func at(idx []int, j int) int {
 	return idx[j]
 }
 
-// replyLen is the length of a group's part of check.lua's reply.
+// replyLen is the length in bytes of a group's part of check.lua's reply:
+// 2 + 4 (6 with alt) little-endian 64-bit integers per request.
 func replyLen(n int, alt bool) int {
 	if alt {
-		return 2 + 6*n
+		return 8 * (2 + 6*n)
 	}
-	return 2 + 4*n
+	return 8 * (2 + 4*n)
 }
 
 // decodeReply writes the results of the requests reqs[idx[j]] (all of reqs
 // when idx is nil) from v, the group's part of check.lua's reply, of length
 // replyLen. With alt non-nil it reads the figures without consumption too.
 // It returns the group's clock and whether it consumed.
-func decodeReply(v []int64, idx []int, results []limiter.Result, alt []figures) (now int64, committed bool, err error) {
+func decodeReply(v string, idx []int, results []limiter.Result, alt []figures) (now int64, committed bool, err error) {
 	stride := 4
 	if alt != nil {
 		stride = 6
 	}
 	var bad bool
-	num := func(i int64) int64 {
-		if i < 0 {
+	num := func(i int) int64 {
+		x := int64(binary.LittleEndian.Uint64([]byte(v[8*i : 8*i+8])))
+		if x < 0 {
 			bad = true
 		}
-		return i
+		return x
 	}
-	now = num(v[0])
-	committed = num(v[1]) == 1
-	for j := 0; 2+stride*j < len(v); j++ {
-		r := v[2+stride*j : 2+stride*(j+1)]
+	now = num(0)
+	committed = num(1) == 1
+	for j := 0; 8*(2+stride*j) < len(v); j++ {
+		r := 2 + stride*j
 		results[at(idx, j)] = limiter.Result{
-			Allowed:    num(r[0]) == 1,
-			Remaining:  uint64(num(r[1])),
-			ResetAfter: time.Duration(num(r[2])) * time.Millisecond,
-			RetryAfter: time.Duration(num(r[3])) * time.Millisecond,
+			Allowed:    num(r) == 1,
+			Remaining:  uint64(num(r + 1)),
+			ResetAfter: time.Duration(num(r+2)) * time.Millisecond,
+			RetryAfter: time.Duration(num(r+3)) * time.Millisecond,
 			Source:     limiter.SourceStore,
 		}
 		if alt != nil {
-			alt[j] = figures{remaining: uint64(num(r[4])), reset: time.Duration(num(r[5])) * time.Millisecond}
+			alt[j] = figures{remaining: uint64(num(r + 4)), reset: time.Duration(num(r+5)) * time.Millisecond}
 		}
 	}
 	if bad {
@@ -425,7 +428,6 @@ func (b *Backend) call(ctx context.Context, reqs []limiter.Request, idx []int, r
 	cmd := b.runCheck(ctx, bt, bt.g.keys, bt.g.argv, flags)
 	// Do not keep the strings alive through the pool.
 	defer clear(bt.cmd)
-	// The reply is a flat array of integers, read without boxing.
 	v, err := cmd.Result()
 	if err != nil {
 		return 0, false, unavailable(ctx, "check script", err)
@@ -449,7 +451,7 @@ func (b *Backend) call(ctx context.Context, reqs []limiter.Request, idx []int, r
 // error that Redis returns before running anything, so no check is ever
 // counted twice. keys and argv must stay unchanged until the returned
 // command has been read.
-func (b *Backend) runCheck(ctx context.Context, bt *batch, keys, argv []string, flags any) *redis.IntSliceCmd {
+func (b *Backend) runCheck(ctx context.Context, bt *batch, keys, argv []string, flags any) *redis.StringCmd {
 	if b.functions.Load() {
 		loads := b.loads.Load()
 		cmd := b.sendCheck(ctx, bt, "fcall", b.scripts.checkFn, keys, argv, flags)
@@ -480,7 +482,7 @@ func (b *Backend) runCheck(ctx context.Context, bt *batch, keys, argv []string, 
 // in bt.cmd with every key and argument passed as a *string into keys and
 // argv, which go-redis writes as the string, so that no argument is boxed on
 // the heap.
-func (b *Backend) sendCheck(ctx context.Context, bt *batch, verb string, script any, keys, argv []string, flags any) *redis.IntSliceCmd {
+func (b *Backend) sendCheck(ctx context.Context, bt *batch, verb string, script any, keys, argv []string, flags any) *redis.StringCmd {
 	args := append(bt.cmd[:0], verb, script, len(keys))
 	for i := range keys {
 		args = append(args, &keys[i])
@@ -490,7 +492,7 @@ func (b *Backend) sendCheck(ctx context.Context, bt *batch, verb string, script 
 		args = append(args, &argv[i])
 	}
 	bt.cmd = args
-	cmd := redis.NewIntSliceCmd(ctx, args...)
+	cmd := redis.NewStringCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3)
 	_ = b.client.Process(ctx, cmd)
 	return cmd

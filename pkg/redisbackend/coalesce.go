@@ -59,7 +59,7 @@ type job struct {
 	ctx   context.Context
 	state atomic.Int32
 	done  chan struct{} // receives once per delivered result
-	reply []int64       // the group's part of the reply
+	reply string        // the group's part of the reply
 	err   error
 }
 
@@ -135,7 +135,7 @@ func (c *coalescer) check(ctx context.Context, reqs []limiter.Request, results [
 func (c *coalescer) put(j *job) {
 	j.g.release()
 	j.ctx, j.err = nil, nil
-	j.reply = j.reply[:0]
+	j.reply = ""
 	c.pool.Put(j)
 }
 
@@ -229,8 +229,7 @@ func (c *coalescer) send(bt *batch, jobs []*job) {
 			continue
 		}
 		k := replyLen(len(j.g.keys), false)
-		j.reply = append(j.reply[:0], v[:k]...)
-		v = v[k:]
+		j.reply, v = v[:k], v[k:]
 		c.deliver(j, nil)
 	}
 }

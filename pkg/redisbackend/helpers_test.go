@@ -1,6 +1,7 @@
 package redisbackend
 
 import (
+	"encoding/binary"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -50,4 +51,17 @@ func key(parts ...string) string {
 		b = limiter.AppendKeyPart(b, p)
 	}
 	return string(b)
+}
+
+// storedState decodes the value of a window or token bucket counter: three
+// little-endian 64-bit integers (parse_state in lua/lib.lua), for a sliding
+// window {bucket, count, count of the bucket before}.
+func storedState(v string) (st [3]int64, ok bool) {
+	if len(v) != 24 {
+		return st, false
+	}
+	for i := range st {
+		st[i] = int64(binary.LittleEndian.Uint64([]byte(v[8*i:])))
+	}
+	return st, true
 }

@@ -26,7 +26,8 @@
 --          capacity is the burst for a token bucket (the limit otherwise);
 --          hits 0 checks without consuming; shadow 1 marks a shadow request.
 --
--- Reply: a flat array of integers, per group in order:
+-- Reply: one string of little-endian 64-bit integers (pack_ints in lib.lua),
+-- per group in order:
 --   now (the clock the group was decided at), 1 if the group consumed (no
 --   non-shadow request was denied) else 0, then per request, in order:
 --   allowed (0/1), remaining, reset_ms, retry_ms, and with alt = 1 also
@@ -109,7 +110,7 @@ while a <= #ARGV do
     end
   end
   if #ks > 0 then
-    local vals = rcall('MGET', unpack(ks))
+    local vals = rcall('MGET', unpack_list(ks))
     for i = 1, n do
       local p, key = specs[i], KEYS[k0 + i]
       if orig[key] == nil then
@@ -182,4 +183,4 @@ end
 if k0 ~= #KEYS then
   return redis.error_reply('ERR envoy-rls check: ' .. #KEYS .. ' keys for ' .. k0 .. ' requests')
 end
-return out
+return pack_ints(out)

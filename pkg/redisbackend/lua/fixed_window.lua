@@ -2,11 +2,11 @@
 -- pkg/algorithm.FixedWindow. Part of check.lua / refund.lua (concatenated after
 -- lib.lua).
 --
--- Storage: the counter's key holds "<b> <count[b]> 0" for the bucket b =
--- floor(now/W) of its last write (the layout of sliding_window.lua, so that
--- the two share their helpers) and expires when the bucket ends, at (b+1)·W.
--- KEYS, ARGV: none of its own; the driver passes the key. State table
--- (parse_state in lib.lua): {b, count[b], 0}.
+-- Storage: the counter's key holds b, count[b] and 0 (three integers, see
+-- parse_state in lib.lua) for the bucket b = floor(now/W) of its last write
+-- (the layout of sliding_window.lua, so that the two share their helpers)
+-- and expires when the bucket ends, at (b+1)·W. KEYS, ARGV: none of its own;
+-- the driver passes the key. State table: {b, count[b], 0}.
 
 local fixed_window = {string_state = true} -- read with MGET
 

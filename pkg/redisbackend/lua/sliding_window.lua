@@ -2,11 +2,11 @@
 -- Lua twin of pkg/algorithm.SlidingWindow. Part of check.lua / refund.lua
 -- (concatenated after lib.lua).
 --
--- Storage: the counter's key holds "<b> <count[b]> <count[b-1]>" for the
--- bucket b = floor(now/W) of its last write, and expires 2W after the start
--- of bucket b, at (b+2)·W, when neither count matters any more.
--- KEYS, ARGV: none of its own; the driver passes the key. State table
--- (parse_state in lib.lua): {b, count[b], count[b-1]}.
+-- Storage: the counter's key holds b, count[b] and count[b-1] (three
+-- integers, see parse_state in lib.lua) for the bucket b = floor(now/W) of
+-- its last write, and expires 2W after the start of bucket b, at (b+2)·W,
+-- when neither count matters any more. KEYS, ARGV: none of its own; the
+-- driver passes the key. State table: {b, count[b], count[b-1]}.
 
 local sliding_window = {string_state = true} -- read with MGET
 
@@ -15,7 +15,7 @@ local function sw_weight(prev, elapsed, w)
   if prev == 0 then
     return 0
   end
-  return math.ceil(prev * (w - elapsed) / w)
+  return ceil(prev * (w - elapsed) / w)
 end
 
 -- sw_admits is the predicate at t on the counts (cur, prev) of bucket b.

@@ -7,11 +7,10 @@
 -- ms, where Per is the limit L the debt was counted with (L is not part of the
 -- counter's identity; a changed L rescales the debt, rounding up).
 --
--- Storage: the counter's key holds "<At> <Debt> <Per>" (three decimal
--- integers) and expires when the bucket is full again, ceil(Debt/Per) ms
--- after At; a full bucket is deleted. KEYS, ARGV: none of its own; the
--- driver passes the key. State table (parse_state in lib.lua): {at, debt,
--- per}.
+-- Storage: the counter's key holds At, Debt and Per (three integers, see
+-- parse_state in lib.lua) and expires when the bucket is full again,
+-- ceil(Debt/Per) ms after At; a full bucket is deleted. KEYS, ARGV: none of
+-- its own; the driver passes the key. State table: {at, debt, per}.
 --
 -- Exactness: B·W < 2^53 (checked in Go). Rescaling after a change of L is
 -- exact while (Debt mod Per)·L < 2^53.
@@ -73,10 +72,10 @@ function token_bucket.store(key, w, s, o, now)
     ms = at + cdiv(debt, per) - now
   end
   if ms <= 0 then
-    redis.call('DEL', key)
+    rcall('DEL', key)
     return
   end
-  redis.call('SET', key, string.format('%d %d %d', at, debt, per), 'PX', px(ms))
+  rcall('SET', key, pack_state(s), 'PX', px(ms))
 end
 
 -- refund takes back c hits admitted at now with limit l (Cluster: another
@@ -96,6 +95,6 @@ function token_bucket.refund(key, w, c, l, now)
   if debt == 0 then
     redis.call('DEL', key)
   else
-    redis.call('SET', key, string.format('%d %d %d', at, debt, per), 'KEEPTTL')
+    redis.call('SET', key, pack_state({at, debt, per}), 'KEEPTTL')
   end
 end
