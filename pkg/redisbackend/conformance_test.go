@@ -24,3 +24,18 @@ func TestConformanceCluster(t *testing.T) {
 		return newClustered(t, c, p.next(), now)
 	})
 }
+
+// TestConformanceSingleUncoalesced runs the suite with coalescing off
+// (Options.Senders < 0): every Check is a call of its own.
+func TestConformanceSingleUncoalesced(t *testing.T) {
+	r := testenv.RedisServer(t)
+	var p prefixes
+	limitertest.Run(t, func(t *testing.T, now func() time.Time) limiter.Limiter {
+		b, err := New(Options{URL: "redis://" + r.Addr, KeyPrefix: p.next(), Now: now, Timeout: testTimeout, Senders: -1})
+		if err != nil {
+			t.Fatalf("New: %v", err)
+		}
+		t.Cleanup(func() { b.Close() })
+		return b
+	})
+}

@@ -1,0 +1,170 @@
+package redisbackend
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/envoy-rls/envoy-rls/internal/testenv"
+	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+)
+
+// pauseRedis makes redis-server hold every client's commands for d (CLIENT
+// PAUSE ALL): calls sent meanwhile stay in flight and new Checks pile up
+// behind them, which is what coalescing is for.
+func pauseRedis(t *testing.T, r *testenv.Redis, d time.Duration) {
+	t.Helper()
+	if err := r.Client().ClientPause(context.Background(), d).Err(); err != nil {
+		t.Fatalf("CLIENT PAUSE: %v", err)
+	}
+}
+
+// TestCoalescingIsExact: three instances sharing one counter, two of them
+// coalescing and one sending every Check on its own, 48 goroutines each
+// behind a Redis pause, admit exactly the limit; the coalescing instances
+// decided their Checks in fewer calls than Checks.
+func TestCoalescingIsExact(t *testing.T) {
+	r := testenv.RedisServer(t)
+	clock := func() time.Time { return time.UnixMilli(1_767_225_600_000) }
+	var backends []*Backend
+	for _, senders := range []int{0, 1, -1} {
+		b, err := New(Options{URL: "redis://" + r.Addr, Now: clock, Timeout: testTimeout, Senders: senders})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Close() })
+		backends = append(backends, b)
+	}
+	const limit, goroutines, each = 700, 48, 20
+	for _, alg := range []limiter.Algorithm{limiter.SlidingWindow, limiter.FixedWindow, limiter.TokenBucket, limiter.SlidingLog} {
+		t.Run(alg.String(), func(t *testing.T) {
+			before := make([]CallStats, len(backends))
+			for i, b := range backends {
+				before[i] = b.CallStats()
+			}
+			reqs := []limiter.Request{
+				{Key: key(t.Name(), "shared"), Limit: limiter.Limit{Algorithm: alg, Requests: limit, Window: time.Hour}, Hits: 1},
+				{Key: key(t.Name(), "roomy"), Limit: limiter.Limit{Algorithm: alg, Requests: 1 << 20, Window: time.Hour}, Hits: 1},
+			}
+			pauseRedis(t, r, 200*time.Millisecond)
+			var admitted atomic.Int64
+			var wg sync.WaitGroup
+			for _, b := range backends {
+				for range goroutines {
+					wg.Go(func() {
+						res := make([]limiter.Result, len(reqs))
+						for range each {
+							if err := b.Check(context.Background(), reqs, res); err != nil {
+								t.Errorf("Check: %v", err)
+								return
+							}
+							if res[0].Allowed {
+								admitted.Add(1)
+							}
+						}
+					})
+				}
+			}
+			wg.Wait()
+			if got := admitted.Load(); got != limit {
+				t.Errorf("admitted %d of %d under a limit of %d", got, len(backends)*goroutines*each, limit)
+			}
+			for i, b := range backends {
+				st := b.CallStats()
+				checks, calls := st.Checks-before[i].Checks, st.Calls-before[i].Calls
+				if checks != goroutines*each {
+					t.Errorf("instance %d: %d Checks counted, want %d", i, checks, goroutines*each)
+				}
+				if b.co == nil && calls != checks {
+					t.Errorf("instance %d (not coalescing): %d calls for %d Checks", i, calls, checks)
+				}
+				if b.co != nil && calls >= checks {
+					t.Errorf("instance %d (coalescing): %d calls for %d Checks", i, calls, checks)
+				}
+				t.Logf("instance %d: %d Checks in %d calls", i, checks, calls)
+			}
+			// All or nothing: the roomy counter was consumed by the
+			// admitted batches only.
+			probe := []limiter.Request{{Key: reqs[1].Key, Limit: reqs[1].Limit}}
+			res := make([]limiter.Result, 1)
+			if err := backends[0].Check(context.Background(), probe, res); err != nil {
+				t.Fatal(err)
+			}
+			if used := reqs[1].Limit.Requests - res[0].Remaining; used != limit {
+				t.Errorf("the second counter of the batches consumed %d, want %d", used, limit)
+			}
+		})
+	}
+}
+
+// TestCoalescedCallerDeadline: a caller whose deadline passes while its
+// call is held by Redis gets limiter.ErrUnavailable wrapping
+// context.DeadlineExceeded; its Check is counted at most once, and the
+// Backend goes on working.
+func TestCoalescedCallerDeadline(t *testing.T) {
+	r := testenv.RedisServer(t)
+	b := newSingle(t, r, DefaultKeyPrefix, nil)
+	req := []limiter.Request{{Key: key(t.Name()), Limit: limiter.Limit{Requests: 100, Window: time.Hour}, Hits: 1}}
+	res := make([]limiter.Result, 1)
+	if err := b.Check(context.Background(), req, res); err != nil { // load the library
+		t.Fatal(err)
+	}
+	pauseRedis(t, r, 500*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	err := b.Check(ctx, req, res)
+	if !errors.Is(err, limiter.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Check past its deadline = %v, want ErrUnavailable and DeadlineExceeded", err)
+	}
+	// After the pause: the timed-out Check may or may not have been
+	// decided by Redis (its command was sent), but not twice.
+	probe := []limiter.Request{{Key: req[0].Key, Limit: req[0].Limit, Hits: 0}}
+	if err := b.Check(context.Background(), probe, res); err != nil {
+		t.Fatalf("Check after the pause: %v", err)
+	}
+	if used := 100 - res[0].Remaining; used != 1 && used != 2 {
+		t.Errorf("%d hits counted for one admitted Check and one timed out, want 1 or 2", used)
+	}
+}
+
+// TestCoalescerClose: Close while Checks wait behind a Redis pause ends them
+// with limiter.ErrUnavailable, returns, and later Checks fail the same way.
+func TestCoalescerClose(t *testing.T) {
+	r := testenv.RedisServer(t)
+	b, err := New(Options{URL: "redis://" + r.Addr, Timeout: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := []limiter.Request{{Key: key(t.Name()), Limit: limiter.Limit{Requests: 100, Window: time.Hour}, Hits: 1}}
+	if err := b.Check(context.Background(), req, make([]limiter.Result, 1)); err != nil {
+		t.Fatal(err)
+	}
+	// Longer than the test needs: only Close ends the callers' wait.
+	pauseRedis(t, r, 3*time.Second)
+	const callers = 8
+	errs := make(chan error, callers)
+	var started sync.WaitGroup
+	for range callers {
+		started.Add(1)
+		go func() {
+			started.Done()
+			// No deadline: only Close can end this wait.
+			errs <- b.Check(context.Background(), req, make([]limiter.Result, 1))
+		}()
+	}
+	started.Wait()
+	if err := b.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	for range callers {
+		if err := <-errs; !errors.Is(err, limiter.ErrUnavailable) {
+			t.Errorf("Check ended by Close = %v, want ErrUnavailable", err)
+		}
+	}
+	if err := b.Check(context.Background(), req, make([]limiter.Result, 1)); !errors.Is(err, limiter.ErrUnavailable) {
+		t.Errorf("Check after Close = %v, want ErrUnavailable", err)
+	}
+}
