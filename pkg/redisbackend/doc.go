@@ -18,9 +18,15 @@
 // disagree still count in the same windows; Options.Now injects a clock for
 // tests. Every key gets its expiry in the script that writes it.
 //
-// Single node and Sentinel: exactly one script call (one round trip) per
-// Check. Cluster: the batch is split by hash slot, one script call per slot,
-// sent in parallel. When one slot vetoes the batch while another slot
+// Single node and Sentinel: at most one script call (one round trip) per
+// Check. Concurrent Checks are coalesced (Options.Senders; see coalesce.go):
+// a call carries every Check that waited while the calls before it were in
+// flight, and Redis decides them one after the other, each atomically, as if
+// each had been a call of its own. A call reads every counter of a Check with
+// one MGET and writes each admitted counter once.
+//
+// Cluster: the batch is split by hash slot, one script call per slot, sent
+// in parallel (no coalescing). When one slot vetoes the batch while another slot
 // admitted and consumed, the consumed hits are given back by a second script
 // (refund.lua). Between the two calls other requests may see the extra count
 // and be denied although they would have been admitted; the refund never
