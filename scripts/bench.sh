@@ -9,12 +9,16 @@
 #   do-nothing    the ceiling: what gRPC + loopback + the generator allow
 #   1 key         one descriptor, always the same key
 #   100k keys     one descriptor over 100,000 keys (remote_address)
-#   3 desc        three descriptors per request: IP, tenant+user (two limits),
-#                 route; 100,000 indexes
+#   3 desc        three descriptors per request, one limit each: IP,
+#                 tenant+user, route; 100,000 indexes
+#   4 limits      three descriptors where the middle one (plan+user) has two
+#                 limits (a token bucket and an hourly window): 4 limits
 #   hot key       one key whose tiny limit is exhausted: the OVER_LIMIT path
 #   open loop     the 3-descriptor mix at a fixed BENCH_RATE (default 3000/s),
 #                 latency from the intended send time (the tail under a steady
-#                 offered load, without coordinated omission)
+#                 offered load, without coordinated omission), and the
+#                 do-nothing server under the same offered load (the tail
+#                 the machine and the generator add by themselves)
 #
 # each closed-loop scenario at every BENCH_CALLERS (default "16 64") callers.
 # The "ceiling" column is each run's rate as a fraction of the do-nothing
@@ -35,7 +39,7 @@
 #   BENCH_OPEN_CALLERS  bound on in-flight requests in the open-loop run (default 64)
 #   BENCH_CONNECTIONS   gRPC connections of the generator (default 4)
 #   BENCH_SCENARIOS  which to run, space-separated, from
-#                    "ceiling one-key many-keys three-desc hot-key open-loop"
+#                    "ceiling one-key many-keys three-desc four-limits hot-key open-loop"
 #                    (default all); "ceiling" alone needs neither Redis nor envoy-rls
 #   BENCH_OUT        also write the JSON results (one object per run) to this file
 #   BENCH_RLS_ARGS   extra envoy-rls flags, e.g. "--redis.senders -1" (word-split)
@@ -57,7 +61,7 @@ BENCH_CALLERS="${BENCH_CALLERS:-16 64}"
 BENCH_RATE="${BENCH_RATE:-3000}"
 BENCH_OPEN_CALLERS="${BENCH_OPEN_CALLERS:-64}"
 BENCH_CONNECTIONS="${BENCH_CONNECTIONS:-4}"
-BENCH_SCENARIOS="${BENCH_SCENARIOS:-ceiling one-key many-keys three-desc hot-key open-loop}"
+BENCH_SCENARIOS="${BENCH_SCENARIOS:-ceiling one-key many-keys three-desc four-limits hot-key open-loop}"
 BENCH_OUT="${BENCH_OUT:-}"
 BENCH_RLS_ARGS="${BENCH_RLS_ARGS:-}"
 
@@ -67,7 +71,7 @@ die() { log "$*"; exit 1; }
 
 want() { [[ " $BENCH_SCENARIOS " == *" $1 "* ]]; }
 needs_rls=0
-for s in one-key many-keys three-desc hot-key open-loop; do
+for s in one-key many-keys three-desc four-limits hot-key open-loop; do
 	if want "$s"; then needs_rls=1; fi
 done
 
@@ -175,12 +179,15 @@ descriptors:
   - key: remote_address
     rate_limit: {name: bench_ip, unit: minute, requests_per_unit: 1000000000}
   - key: tenant
-    rate_limit: {name: bench_tenant, unit: minute, requests_per_unit: 1000000000}
+    descriptors:
+      - key: user
+        rate_limit: {name: bench_user, unit: minute, requests_per_unit: 1000000000}
+  - key: plan
     descriptors:
       - key: user
         rate_limits:
-          - {name: bench_user_burst, algorithm: token_bucket, unit: second, requests_per_unit: 1000000000}
-          - {name: bench_user_hourly, window: 1h, requests_per_unit: 1000000000}
+          - {name: bench_plan_burst, algorithm: token_bucket, unit: second, requests_per_unit: 1000000000}
+          - {name: bench_plan_hourly, window: 1h, requests_per_unit: 1000000000}
   - key: route
     rate_limit: {name: bench_route, unit: minute, requests_per_unit: 1000000000}
   - key: hot
@@ -223,6 +230,7 @@ bench() {
 rls() { bench "$@" --addr "127.0.0.1:$RLS_GRPC" --domain bench --cpu "rls=$RLS_PID" --cpu "redis=$REDIS_PID"; }
 
 THREE=(--descriptor 'remote_address=10.{i}' --descriptor 'tenant=t{i%100},user=u{i}' --descriptor 'route=/api/r{i%20}')
+FOUR=(--descriptor 'remote_address=10.{i}' --descriptor 'plan=p{i%10},user=u{i}' --descriptor 'route=/api/r{i%20}')
 
 for c in $BENCH_CALLERS; do
 	if want ceiling; then
@@ -238,11 +246,16 @@ for c in $BENCH_CALLERS; do
 	if want three-desc; then
 		rls "3 desc, 100k" --concurrency "$c" "${THREE[@]}" --cardinality 100000
 	fi
+	if want four-limits; then
+		rls "4 limits, 100k" --concurrency "$c" "${FOUR[@]}" --cardinality 100000
+	fi
 	if want hot-key; then
 		rls "hot key (over)" --concurrency "$c" --descriptor 'hot=1'
 	fi
 done
 if want open-loop; then
+	bench "do-nothing, open" --addr "127.0.0.1:$NOOP_PORT" --rate "$BENCH_RATE" --concurrency "$BENCH_OPEN_CALLERS" \
+		"${THREE[@]}" --cardinality 100000 --cpu "rls=$NOOP_PID"
 	rls "open loop, 3 desc" --rate "$BENCH_RATE" --concurrency "$BENCH_OPEN_CALLERS" "${THREE[@]}" --cardinality 100000
 fi
 
