@@ -215,9 +215,14 @@ func (b *Backend) Check(ctx context.Context, reqs []limiter.Request, results []l
 	if len(reqs) == 0 {
 		return nil
 	}
+	b.checks.Add(1)
+	if b.co != nil {
+		// No derived context per request: the coalesced call carries the
+		// deadline.
+		return b.co.check(ctx, b.deadline(ctx), reqs, results)
+	}
 	ctx, cancel := b.bound(ctx)
 	defer cancel()
-	b.checks.Add(1)
 	if b.cluster != nil {
 		err := b.checkCluster(ctx, reqs, results)
 		if err != nil {
@@ -229,11 +234,23 @@ func (b *Backend) Check(ctx context.Context, reqs []limiter.Request, results []l
 		}
 		return err
 	}
-	if b.co != nil {
-		return b.co.check(ctx, reqs, results)
-	}
 	_, _, err := b.call(ctx, reqs, nil, results, nil)
 	return err
+}
+
+// deadline returns when a call for ctx must end: ctx's deadline or b.timeout
+// from now, whichever is sooner; zero when neither bounds it.
+func (b *Backend) deadline(ctx context.Context) time.Time {
+	dl, ok := ctx.Deadline()
+	if b.timeout > 0 {
+		if t := time.Now().Add(b.timeout); !ok || t.Before(dl) {
+			return t
+		}
+	}
+	if !ok {
+		return time.Time{}
+	}
+	return dl
 }
 
 // bound applies b.timeout to ctx unless ctx already ends sooner.

@@ -27,11 +27,13 @@ import (
 // one TIME and one network read and write per call instead of per Check, and
 // envoy-rls one system call each way.
 //
-// Deadlines: a call is bounded by the latest deadline of its groups. A
-// caller whose own deadline passes stops waiting and reports
-// limiter.ErrUnavailable; its group may still be decided (and counted) by a
-// call already sent, as with a reply lost on the network. A group whose
-// caller gave up before the call was built is not sent.
+// Deadlines: a Check's deadline is its context's or Options.Timeout from
+// its start, whichever is sooner, and a call is bounded by the earliest
+// deadline of its groups, so that nobody waits past their own; no context is
+// derived per Check. A caller whose context ends first stops waiting and
+// reports limiter.ErrUnavailable; its group may still be decided (and
+// counted) by a call already sent, as with a reply lost on the network. A
+// group whose deadline has passed before its call is built is not sent.
 
 // Defaults of the coalescing options.
 const (
@@ -55,9 +57,10 @@ const (
 
 // job is one Check waiting for a coalesced call.
 type job struct {
-	g     group
-	ctx   context.Context
-	state atomic.Int32
+	g        group
+	ctx      context.Context
+	deadline time.Time // zero: none
+	state    atomic.Int32
 	done  chan struct{} // receives once per delivered result
 	reply string        // the group's part of the reply
 	err   error
@@ -97,12 +100,12 @@ func (c *coalescer) close() {
 
 var errClosed = errors.New("redisbackend: closed")
 
-// check decides reqs as one group of a coalesced call. ctx is already
-// bounded by the Backend's timeout.
-func (c *coalescer) check(ctx context.Context, reqs []limiter.Request, results []limiter.Result) error {
+// check decides reqs as one group of a coalesced call that ends by deadline
+// (zero: no deadline).
+func (c *coalescer) check(ctx context.Context, deadline time.Time, reqs []limiter.Request, results []limiter.Result) error {
 	j := c.pool.Get().(*job)
 	j.g.encode(c.b, reqs, nil)
-	j.ctx = ctx
+	j.ctx, j.deadline = ctx, deadline
 	j.state.Store(jobPending)
 	select {
 	case c.jobs <- j:
@@ -122,8 +125,11 @@ func (c *coalescer) check(ctx context.Context, reqs []limiter.Request, results [
 		<-j.done // delivered meanwhile
 	}
 	defer c.put(j)
-	if j.err != nil {
-		return unavailable(ctx, "check script", j.err)
+	if err := j.err; err != nil {
+		if !deadline.IsZero() && !time.Now().Before(deadline) && !errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("%w (%w)", err, context.DeadlineExceeded)
+		}
+		return unavailable(ctx, "check script", err)
 	}
 	if _, _, err := decodeReply(j.reply, nil, results, nil); err != nil {
 		return unavailable(ctx, "check script", err)
@@ -134,7 +140,7 @@ func (c *coalescer) check(ctx context.Context, reqs []limiter.Request, results [
 // put returns j to the pool, without references to its caller's data.
 func (c *coalescer) put(j *job) {
 	j.g.release()
-	j.ctx, j.err = nil, nil
+	j.ctx, j.err, j.deadline = nil, nil, time.Time{}
 	j.reply = ""
 	c.pool.Put(j)
 }
@@ -180,28 +186,32 @@ func (c *coalescer) sender() {
 
 // send makes one call for the groups of jobs and delivers every result.
 func (c *coalescer) send(bt *batch, jobs []*job) {
-	// Drop the groups whose caller has already given up, and bound the
-	// call by the latest deadline of the others (none if one has none).
+	// Drop the groups whose caller has given up or whose deadline has
+	// passed, and bound the call by the earliest deadline of the others.
 	live := jobs[:0]
 	var deadline time.Time
-	unbounded := false
+	now := time.Now()
 	for _, j := range jobs {
 		if err := j.ctx.Err(); err != nil {
 			c.deliver(j, err)
 			continue
 		}
-		live = append(live, j)
-		if dl, ok := j.ctx.Deadline(); !ok {
-			unbounded = true
-		} else if dl.After(deadline) {
-			deadline = dl
+		if !j.deadline.IsZero() {
+			if !now.Before(j.deadline) {
+				c.deliver(j, context.DeadlineExceeded)
+				continue
+			}
+			if deadline.IsZero() || j.deadline.Before(deadline) {
+				deadline = j.deadline
+			}
 		}
+		live = append(live, j)
 	}
 	if len(live) == 0 {
 		return
 	}
 	ctx := context.Background()
-	if !unbounded {
+	if !deadline.IsZero() {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, deadline)
 		defer cancel()
