@@ -84,7 +84,10 @@ func New(opts Options) (*Backend, error) {
 // *redis.ClusterClient or Sentinel-backed *redis.Client). Only KeyPrefix,
 // Timeout and Now of opts are used. The caller keeps ownership of c: Close
 // does not close it. For exact counting c should not retry commands on its
-// own (MaxRetries −1, see New).
+// own (MaxRetries −1, see New). With a *redis.Client the coalescing senders
+// hold connections of their own (c.Conn()); go-redis's maintenance
+// notifications in "auto" mode race between such connections, so c should
+// have them disabled, as New does.
 func NewFromClient(c redis.UniversalClient, opts Options) (*Backend, error) {
 	if c == nil {
 		return nil, errors.New("redisbackend: nil client")
@@ -419,12 +422,16 @@ func decodeReply(v string, idx []int, results []limiter.Result, alt []figures) (
 	return now, committed, nil
 }
 
-// batch is the scratch space of one script call, reused through a pool.
+// batch is the scratch space of one script call, reused through a pool (a
+// coalescing sender keeps its own).
 type batch struct {
 	g    group
 	keys []string
 	argv []string
 	cmd  []any // the command's arguments: pointers into keys and argv
+	// conn, when set, is the connection the calls go through instead of
+	// the client's pool (a coalescing sender's own; see coalescer).
+	conn *redis.Conn
 }
 
 // call runs check.lua for the requests reqs[idx[j]] (all of reqs when idx is
@@ -511,7 +518,11 @@ func (b *Backend) sendCheck(ctx context.Context, bt *batch, verb string, script 
 	bt.cmd = args
 	cmd := redis.NewStringCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3)
-	_ = b.client.Process(ctx, cmd)
+	if bt.conn != nil {
+		_ = bt.conn.Process(ctx, cmd)
+	} else {
+		_ = b.client.Process(ctx, cmd)
+	}
 	return cmd
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+	"github.com/redis/go-redis/v9"
 )
 
 // Coalescing
@@ -20,6 +21,13 @@ import (
 // decides the groups one after the other, each atomically, exactly as if
 // they had been calls of their own (check.lua). The reply is split between
 // the callers.
+//
+// A sender keeps one connection of its own (a single node's or Sentinel's
+// master; redis.Client.Conn) rather than taking one from the pool per call,
+// which spares go-redis's health check of a pooled connection (a system
+// call) and the pool's bookkeeping; after any failed call it drops the
+// connection and takes a fresh one for the next call, so that a broken
+// connection or a demoted master is left behind.
 //
 // A sender sends the moment it has a group, so a lone Check is not delayed:
 // groups pile up only while every sender has a call in flight, and a busier
@@ -61,14 +69,17 @@ type job struct {
 	ctx      context.Context
 	deadline time.Time // zero: none
 	state    atomic.Int32
-	done  chan struct{} // receives once per delivered result
-	reply string        // the group's part of the reply
-	err   error
+	done     chan struct{} // receives once per delivered result
+	reply    string        // the group's part of the reply
+	err      error
 }
 
 // coalescer owns the sender goroutines of a Backend.
 type coalescer struct {
-	b        *Backend
+	b *Backend
+	// conns gives senders their own connections; nil (a client that is
+	// not a *redis.Client) means they use the client's pool.
+	conns    *redis.Client
 	jobs     chan *job // unbuffered: a job is only ever held by a caller or a sender
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -78,8 +89,10 @@ type coalescer struct {
 }
 
 func newCoalescer(b *Backend, senders, maxBatch int) *coalescer {
+	conns, _ := b.client.(*redis.Client)
 	c := &coalescer{
 		b:        b,
+		conns:    conns,
 		jobs:     make(chan *job),
 		stop:     make(chan struct{}),
 		maxBatch: maxBatch,
@@ -160,6 +173,11 @@ func (c *coalescer) deliver(j *job, err error) {
 func (c *coalescer) sender() {
 	var queued []*job
 	bt := new(batch)
+	defer func() {
+		if bt.conn != nil {
+			_ = bt.conn.Close()
+		}
+	}()
 	for {
 		var j *job
 		select {
@@ -224,9 +242,16 @@ func (c *coalescer) send(bt *batch, jobs []*job) {
 		want += replyLen(len(j.g.keys), false)
 	}
 	bt.keys, bt.argv = keys, argv
+	if bt.conn == nil && c.conns != nil {
+		bt.conn = c.conns.Conn()
+	}
 	c.b.calls.Add(1)
 	cmd := c.b.runCheck(ctx, bt, keys, argv, c.b.flags[0])
 	v, err := cmd.Result()
+	if err != nil && bt.conn != nil {
+		_ = bt.conn.Close()
+		bt.conn = nil
+	}
 	clear(keys)
 	clear(argv)
 	clear(bt.cmd)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // Defaults of Options.
@@ -206,6 +207,13 @@ func (o *Options) newClient(topo topology) (redis.UniversalClient, error) {
 		ro.MaxRetries = -1
 		ro.DialerRetries = 1
 		ro.ContextTimeoutEnabled = true
+		// Maintenance notifications are a Redis Enterprise feature; asking
+		// for them costs a command per new connection, and go-redis's
+		// "auto" fallback, which rewrites the shared options when a server
+		// refuses, races between connections opened through
+		// redis.Client.Conn (the coalescing senders'). Failover clients
+		// have them off already.
+		ro.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 		return redis.NewClient(ro), nil
 	}
 }
