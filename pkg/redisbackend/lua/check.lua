@@ -62,23 +62,29 @@ if alt then
 end
 
 local time_now = nil -- Redis TIME in ms, read at most once per call
-local out = {}
+-- The reply has 2 integers per group and stride per request: the groups
+-- are the ARGV entries that are neither ARGV[1] nor a spec. Built in a
+-- table of that size from the start (a table that grows is reallocated at
+-- every power of two).
+local out = presized(2 * (#ARGV - 1 - #KEYS) + stride * #KEYS)
 local o = 0 -- the last index written in out
 local a = 2 -- the index in ARGV of the next group header
 local k0 = 0 -- the index in KEYS before the next group's first key
 
 while a <= #ARGV do
-  local n, now = match(ARGV[a], '^(%d+) ?(%d*)$')
+  -- The header: "<n>" (Redis TIME), or "<n> <now>".
+  local n, now = tonum(ARGV[a]), ''
   if not n then
-    return redis.error_reply('ERR envoy-rls check: malformed group header at ARGV[' .. a .. ']')
+    n, now = match(ARGV[a], '^(%d+) (%d+)$')
+    if not n then
+      return redis.error_reply('ERR envoy-rls check: malformed group header at ARGV[' .. a .. ']')
+    end
+    n, now = tonum(n), tonum(now)
   end
-  n = tonum(n)
-  if a + n > #ARGV or k0 + n > #KEYS then
-    return redis.error_reply('ERR envoy-rls check: group at ARGV[' .. a .. '] has too few specs or keys')
+  if n < 0 or n % 1 ~= 0 or a + n > #ARGV or k0 + n > #KEYS then
+    return redis.error_reply('ERR envoy-rls check: group at ARGV[' .. a .. '] has a bad count or too few specs or keys')
   end
-  if now ~= '' then
-    now = tonum(now)
-  else
+  if now == '' then
     if not time_now then
       local t = rcall('TIME')
       time_now = tonum(t[1]) * 1000 + floor(tonum(t[2]) / 1000)

@@ -15,7 +15,8 @@ function fixed_window.load(key, w, now, v)
   return parse_state(v)
 end
 
--- decide returns allowed, remaining, reset_ms, retry_ms and the new state.
+-- decide returns allowed, remaining, reset_ms, retry_ms and, when it admitted
+-- and consumed, the new state.
 function fixed_window.decide(s, now, w, l, cap, c, consume)
   local b = idiv(now, w)
   local n = 0
@@ -38,7 +39,10 @@ function fixed_window.decide(s, now, w, l, cap, c, consume)
   if n < l then
     rem = l - n
   end
-  return ok, rem, reset, retry, {b, n, 0}
+  if ok and consume then
+    return ok, rem, reset, retry, {b, n, 0}
+  end
+  return ok, rem, reset, retry
 end
 
 -- store writes state s, decided at now, over the stored state o.

@@ -25,6 +25,23 @@ local function bind_globals()
   end
 end
 
+-- zeros holds as many zeros as presized was asked for (up to 1024); as a
+-- Function library it persists across calls.
+local zeros = {}
+
+-- presized returns a table whose array part has room for n elements (all
+-- 0), allocated at once: a constructor with a vararg sizes its array for
+-- every value. Up to 1024; above, an empty table.
+local function presized(n)
+  if n > 1024 or n < 1 then
+    return {}
+  end
+  for i = #zeros + 1, n do
+    zeros[i] = 0
+  end
+  return {unpack_list(zeros, 1, n)}
+end
+
 -- int_formats caches the struct formats of k integers (k <= 512).
 local int_formats = {}
 
@@ -100,15 +117,18 @@ end
 -- bucket before} for the windows, {at, debt, per} for a token bucket.
 local state_format = '<i8i8i8'
 
--- parse_state returns the state stored as v (false when the key is absent).
--- An absent or unreadable value is the empty counter {-1, 0, 0} (no bucket,
--- no debt).
+-- empty_state is the state of an absent counter: no bucket, no debt. It is
+-- shared: nothing may modify it (nor any state a caller did not create).
+local empty_state = {-1, 0, 0}
+
+-- parse_state returns the state stored as v (false when the key is absent);
+-- an absent or unreadable value is empty_state.
 local function parse_state(v)
   if v and #v == 24 then
     local x, y, z = unpack_state(state_format, v)
     return {x, y, z}
   end
-  return {-1, 0, 0}
+  return empty_state
 end
 
 -- pack_state returns the stored form of state s.
@@ -139,7 +159,6 @@ local function refund_windowed(key, w, c, now)
   end
   local s = parse_state(v)
   if s[1] == idiv(now, w) then
-    s[2] = math.max(0, s[2] - c)
-    redis.call('SET', key, pack_state(s), 'KEEPTTL')
+    redis.call('SET', key, pack_state({s[1], math.max(0, s[2] - c), s[3]}), 'KEEPTTL')
   end
 end

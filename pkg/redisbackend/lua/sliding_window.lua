@@ -65,7 +65,8 @@ function sliding_window.load(key, w, now, v)
   return parse_state(v)
 end
 
--- decide returns allowed, remaining, reset_ms, retry_ms and the new state.
+-- decide returns allowed, remaining, reset_ms, retry_ms and, when it admitted
+-- and consumed, the new state.
 function sliding_window.decide(s, now, w, l, cap, c, consume)
   local b = idiv(now, w)
   local cur, prev = 0, 0
@@ -90,7 +91,10 @@ function sliding_window.decide(s, now, w, l, cap, c, consume)
   if cur + pw < l then
     rem = l - cur - pw
   end
-  return ok, rem, (b + 1) * w - now, retry, {b, cur, prev}
+  if ok and consume then
+    return ok, rem, (b + 1) * w - now, retry, {b, cur, prev}
+  end
+  return ok, rem, (b + 1) * w - now, retry
 end
 
 -- store writes state s, decided at now, over the stored state o.

@@ -42,7 +42,8 @@ function token_bucket.load(key, w, now, v)
   return parse_state(v)
 end
 
--- decide returns allowed, remaining, reset_ms, retry_ms and the new state.
+-- decide returns allowed, remaining, reset_ms, retry_ms and, when it admitted
+-- and consumed, the new state.
 function token_bucket.decide(s, now, w, l, cap, c, consume)
   local tau = cap * w
   local rel = tb_debt(s, now, l)
@@ -61,7 +62,10 @@ function token_bucket.decide(s, now, w, l, cap, c, consume)
   if rel < tau then
     rem = idiv(tau - rel, w)
   end
-  return ok, rem, cdiv(rel, l), retry, {now, rel, l}
+  if ok and consume then
+    return ok, rem, cdiv(rel, l), retry, {now, rel, l}
+  end
+  return ok, rem, cdiv(rel, l), retry
 end
 
 -- store writes state s, decided at now over the stored state o.
