@@ -36,6 +36,10 @@ func TestOptionsValidation(t *testing.T) {
 		{"bad url", Options{URL: "http://x:1"}, []string{"--redis.url"}},
 		{"empty address", Options{ClusterAddrs: []string{"a:1", " "}}, []string{"empty addresses"}},
 		{"brace prefix", Options{URL: "redis://x:1", KeyPrefix: "a{b}:"}, []string{"--redis.key-prefix"}},
+		{"negative pool", Options{URL: "redis://x:1", PoolSize: -1}, []string{"--redis.pool-size -1 is negative"}},
+		{"negative batch", Options{URL: "redis://x:1", MaxBatch: -1}, []string{"--redis.max-batch -1 is negative"}},
+		{"senders over pool", Options{URL: "redis://x:1", PoolSize: 2, Senders: 3}, []string{"--redis.senders 3 exceeds --redis.pool-size 2"}},
+		{"senders off", Options{URL: "redis://x:1", PoolSize: 2, Senders: -1}, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			b, err := New(c.opts)
