@@ -7,6 +7,10 @@ import (
 
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/encoding"
+	grpcproto "google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/envoy-rls/envoy-rls/pkg/memorybackend"
 )
@@ -123,4 +127,72 @@ func BenchmarkShouldRateLimitParallel(b *testing.B) {
 			i++
 		}
 	})
+}
+
+// wireBench drives the registered handler (shouldRateLimitHandler) as the
+// gRPC server does, minus the transport: it decodes each request from its
+// wire bytes with gRPC's proto codec into a lenientRequest, answers it, and
+// encodes the response with the same codec (proto.Size, then a marshal
+// using the cached sizes). want is every response's overall code.
+func wireBench(b *testing.B, svc *Service, reqs []*rlsv3.RateLimitRequest, want rlsv3.RateLimitResponse_Code) {
+	b.Helper()
+	codec := encoding.GetCodecV2(grpcproto.Name)
+	if codec == nil {
+		b.Fatal("gRPC proto codec not registered")
+	}
+	wire := make([]mem.BufferSlice, len(reqs))
+	for i, req := range reqs {
+		raw, err := proto.Marshal(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		wire[i] = mem.BufferSlice{mem.SliceBuffer(raw)}
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	defer reportCPU(b)()
+	i := 0
+	for b.Loop() {
+		data := wire[i%len(wire)]
+		dec := func(v any) error { return codec.Unmarshal(data, v) }
+		out, err := shouldRateLimitHandler(svc, ctx, dec, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if code := out.(*rlsv3.RateLimitResponse).OverallCode; code != want {
+			b.Fatalf("overall code %v, want %v", code, want)
+		}
+		enc, err := codec.Marshal(out)
+		if err != nil {
+			b.Fatal(err)
+		}
+		enc.Free()
+		i++
+	}
+}
+
+// BenchmarkWireShouldRateLimit is BenchmarkShouldRateLimit from wire bytes
+// to wire bytes: the request decoded through lenientRequest and the
+// response marshaled by gRPC's proto codec, as on the server:
+//
+//	go test -run '^$' -bench WireShouldRateLimit -benchmem -count 5 ./pkg/rls
+func BenchmarkWireShouldRateLimit(b *testing.B) {
+	svc := benchService(b, map[string]string{"edge.yaml": benchYAML})
+	wireBench(b, svc, benchRequests(1024), rlsv3.RateLimitResponse_OK)
+}
+
+// BenchmarkWireShouldRateLimitOverLimit is BenchmarkShouldRateLimitOverLimit
+// from wire bytes to wire bytes (see BenchmarkWireShouldRateLimit).
+func BenchmarkWireShouldRateLimitOverLimit(b *testing.B) {
+	svc := benchService(b, map[string]string{"edge.yaml": `
+domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {name: per_ip, unit: hour, requests_per_unit: 1}
+`})
+	req := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*commonv3.RateLimitDescriptor{desc("remote_address", "10.0.0.1")}}
+	if _, err := svc.ShouldRateLimit(context.Background(), req); err != nil {
+		b.Fatal(err)
+	}
+	wireBench(b, svc, []*rlsv3.RateLimitRequest{req}, rlsv3.RateLimitResponse_OVER_LIMIT)
 }
