@@ -25,7 +25,14 @@ import (
 //	headers:
 //	  RateLimit-Policy: "burst";q=2;w=1
 //	  ...
+//
+// The metadata is read with Metadata, so resp may be a decoded response or
+// one that ShouldRateLimit returned in the process.
 func FormatResponse(w io.Writer, resp *rlsv3.RateLimitResponse) error {
+	md, err := Metadata(resp)
+	if err != nil {
+		return fmt.Errorf("formatting the response: %w", err)
+	}
 	bw := bufio.NewWriter(w)
 	fmt.Fprintf(bw, "overall: %v\n", resp.GetOverallCode())
 	tw := tabwriter.NewWriter(bw, 0, 4, 2, ' ', 0)
@@ -55,7 +62,7 @@ func FormatResponse(w io.Writer, resp *rlsv3.RateLimitResponse) error {
 	if b := resp.GetRawBody(); len(b) > 0 {
 		fmt.Fprintf(bw, "body: %s\n", b)
 	}
-	if md := resp.GetDynamicMetadata(); md != nil && len(md.Fields) > 0 {
+	if md != nil && len(md.Fields) > 0 {
 		fmt.Fprintln(bw, "metadata:")
 		keys := make([]string, 0, len(md.Fields))
 		for k := range md.Fields {

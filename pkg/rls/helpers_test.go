@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/envoy-rls/envoy-rls/pkg/descriptors"
 	"github.com/envoy-rls/envoy-rls/pkg/memorybackend"
@@ -222,6 +223,16 @@ func header(resp *rlsv3.RateLimitResponse, name string) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// metadataOf is Metadata(resp), failing the test on an error.
+func metadataOf(t testing.TB, resp *rlsv3.RateLimitResponse) *structpb.Struct {
+	t.Helper()
+	md, err := Metadata(resp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return md
 }
 
 func errMessage(err error) string {

@@ -159,7 +159,9 @@ func shouldRateLimitHandler(srv any, ctx context.Context, dec func(any) error, i
 //
 // The overall code is OVER_LIMIT iff an enforced limit denied. Response
 // headers, body and metadata are described at HeaderMode, problemBody and
-// metadata.
+// metadata. The metadata is encoded in the response's unknown fields, not
+// set as DynamicMetadata (see respond): it reaches the wire as the
+// dynamic_metadata field, and callers in the process read it with Metadata.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	if err := s.validate(req); err != nil {
 		return nil, err

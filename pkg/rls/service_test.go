@@ -260,7 +260,7 @@ func TestUnknownDomainIsOKWithoutLimits(t *testing.T) {
 				t.Errorf("status %d: %v", i, st)
 			}
 		}
-		if len(resp.ResponseHeadersToAdd) != 0 || resp.DynamicMetadata != nil {
+		if len(resp.ResponseHeadersToAdd) != 0 || metadataOf(t, resp) != nil {
 			t.Errorf("unknown domain answered with headers or metadata: %v", resp)
 		}
 	}
@@ -427,7 +427,7 @@ func TestShadowRule(t *testing.T) {
 		if !want.Allowed {
 			wantOutcome = OutcomeShadowOverLimit
 		}
-		if md := resp.DynamicMetadata.GetFields(); md["decision"].GetStringValue() != wantOutcome.String() {
+		if md := metadataOf(t, resp).GetFields(); md["decision"].GetStringValue() != wantOutcome.String() {
 			t.Errorf("shadow request %d: metadata %v, want decision %v", i, md, wantOutcome)
 		}
 		if got := e.obs.take(); len(got) != 1 || got[0].Outcome != wantOutcome || got[0].Limit != "shadow_rule" {
@@ -493,7 +493,7 @@ func TestUnlimitedAndNoRule(t *testing.T) {
 				t.Errorf("status %d: %v", i, st)
 			}
 		}
-		if resp.OverallCode != rlsv3.RateLimitResponse_OK || len(resp.ResponseHeadersToAdd) != 0 || resp.DynamicMetadata != nil {
+		if resp.OverallCode != rlsv3.RateLimitResponse_OK || len(resp.ResponseHeadersToAdd) != 0 || metadataOf(t, resp) != nil {
 			t.Errorf("response %v", resp)
 		}
 		got := e.obs.take()
@@ -753,7 +753,7 @@ func TestDynamicMetadata(t *testing.T) {
 	for i := range 2 {
 		d := m.batch(mreq{"u", perUser.Limit, 1, false}, mreq{"s", slow.Limit, 1, false})
 		resp := e.must(request("test", desc("user", "u"), desc("slow", "s")))
-		md := resp.DynamicMetadata.GetFields()
+		md := metadataOf(t, resp).GetFields()
 		decision := OutcomeOK
 		if !d[1].Allowed {
 			decision = OutcomeOverLimit
