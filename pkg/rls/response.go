@@ -535,31 +535,65 @@ func metadata(buf []byte, domain string, sc *scratch, k int) []byte {
 	if m.rule != nil {
 		ruleID = m.rule.ID
 	}
-	// In key order, as a deterministic marshal writes a map.
-	fields := [...]metaField{
-		{key: "decision", str: outcomeOf(q, r).String()},
-		{key: "descriptor", num: float64(m.desc), isNum: true},
-		{key: "domain", str: domain},
-		{key: "limit", str: m.name},
-		{key: "remaining", num: float64(r.Remaining), isNum: true},
-		{key: "rule", str: m.ruleName},
-		{key: "rule_id", str: ruleID},
-		{key: "source", str: r.Source.String()},
+	// In key order (metaKeys), as a deterministic marshal writes a map.
+	vals := [len(metaKeys)]metaValue{
+		{str: outcomeOf(q, r).String()},
+		{num: float64(m.desc), isNum: true},
+		{str: domain},
+		{str: m.name},
+		{num: float64(r.Remaining), isNum: true},
+		{str: m.ruleName},
+		{str: ruleID},
+		{str: r.Source.String()},
 	}
+	var valueLen, entryLen [len(metaKeys)]int
 	size := 0
-	for i := range fields {
-		size += protowire.SizeTag(structFields) + protowire.SizeBytes(fields[i].entrySize())
+	for i := range vals {
+		v := &vals[i]
+		if v.isNum {
+			valueLen[i] = protowire.SizeTag(valueNumber) + protowire.SizeFixed64()
+		} else {
+			valueLen[i] = protowire.SizeTag(valueString) + protowire.SizeBytes(len(v.str))
+		}
+		entryLen[i] = len(metaKeys[i]) + protowire.SizeBytes(valueLen[i])
+		size += protowire.SizeTag(structFields) + protowire.SizeBytes(entryLen[i])
 	}
 	if n := len(buf) + protowire.SizeTag(metadataField) + protowire.SizeBytes(size); n > cap(buf) {
 		buf = append(make([]byte, 0, n), buf...)
 	}
 	buf = protowire.AppendTag(buf, metadataField, protowire.BytesType)
 	buf = protowire.AppendVarint(buf, uint64(size))
-	for i := range fields {
-		buf = fields[i].appendEntry(buf)
+	for i := range vals {
+		v := &vals[i]
+		buf = protowire.AppendTag(buf, structFields, protowire.BytesType)
+		buf = protowire.AppendVarint(buf, uint64(entryLen[i]))
+		buf = append(buf, metaKeys[i]...)
+		buf = protowire.AppendVarint(buf, uint64(valueLen[i]))
+		if v.isNum {
+			buf = protowire.AppendTag(buf, valueNumber, protowire.Fixed64Type)
+			buf = protowire.AppendFixed64(buf, math.Float64bits(v.num))
+		} else {
+			buf = protowire.AppendTag(buf, valueString, protowire.BytesType)
+			buf = protowire.AppendString(buf, v.str)
+		}
 	}
 	return buf
 }
+
+// metaKeys holds, for every metadata key in key order, the part of its
+// map entry that does not depend on the value: the key field (tag, length,
+// key) and the tag of the value field. A map entry always carries both its
+// key and its value, and a Value its oneof member even when that holds ""
+// or 0.
+var metaKeys = func() (keys [8]string) {
+	for i, k := range [...]string{"decision", "descriptor", "domain", "limit", "remaining", "rule", "rule_id", "source"} {
+		b := protowire.AppendTag(nil, entryKey, protowire.BytesType)
+		b = protowire.AppendString(b, k)
+		b = protowire.AppendTag(b, entryValue, protowire.BytesType)
+		keys[i] = string(b)
+	}
+	return keys
+}()
 
 // metadataField is the field number of RateLimitResponse.dynamic_metadata,
 // taken from the message descriptor.
@@ -581,44 +615,11 @@ const (
 	valueString  = 3 // Value.string_value: string (oneof kind)
 )
 
-// metaField is one field of the metadata Struct: a string or a number.
-type metaField struct {
-	key   string
+// metaValue is the value of one metadata field: a string or a number.
+type metaValue struct {
 	str   string
 	num   float64
 	isNum bool
-}
-
-// valueSize is the encoded size of the field's Value. A oneof member is
-// written even when it holds its zero value ("", 0).
-func (f *metaField) valueSize() int {
-	if f.isNum {
-		return protowire.SizeTag(valueNumber) + protowire.SizeFixed64()
-	}
-	return protowire.SizeTag(valueString) + protowire.SizeBytes(len(f.str))
-}
-
-// entrySize is the encoded size of the field's map entry. A map entry
-// always carries both its key and its value.
-func (f *metaField) entrySize() int {
-	return protowire.SizeTag(entryKey) + protowire.SizeBytes(len(f.key)) +
-		protowire.SizeTag(entryValue) + protowire.SizeBytes(f.valueSize())
-}
-
-// appendEntry appends the field as one element of Struct.fields.
-func (f *metaField) appendEntry(b []byte) []byte {
-	b = protowire.AppendTag(b, structFields, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(f.entrySize()))
-	b = protowire.AppendTag(b, entryKey, protowire.BytesType)
-	b = protowire.AppendString(b, f.key)
-	b = protowire.AppendTag(b, entryValue, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(f.valueSize()))
-	if f.isNum {
-		b = protowire.AppendTag(b, valueNumber, protowire.Fixed64Type)
-		return protowire.AppendFixed64(b, math.Float64bits(f.num))
-	}
-	b = protowire.AppendTag(b, valueString, protowire.BytesType)
-	return protowire.AppendString(b, f.str)
 }
 
 // Metadata returns the dynamic_metadata of resp, or nil when it has none.
