@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+	"unsafe"
 
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -109,6 +110,10 @@ func metaCases() []metaCase {
 		}},
 		{name: "shadow_over_limit_fail_allow", domain: "edge", mode: HeadersDraft03, limits: []metaLimit{
 			{rule: rule, name: "per_user", shadow: true, retry: time.Second, source: limiter.SourceFailAllow},
+		}},
+		{name: "draft03_over_limit", domain: "edge", mode: HeadersDraft03, limits: []metaLimit{
+			{rule: rule, name: "per_user", retry: 2 * time.Second},
+			{rule: noID, name: "other", allowed: true, remaining: 3},
 		}},
 		{name: "override_fail_deny", domain: "edge", mode: HeadersIETF, limits: []metaLimit{
 			{name: overrideName, retry: time.Minute, source: limiter.SourceFailDeny},
@@ -225,30 +230,71 @@ func TestMetadataWireEquivalence(t *testing.T) {
 	}
 }
 
-// TestMetadataBufferOwnership checks that the encoded metadata of a small
-// response lives in its own block and that respond allocates it otherwise:
-// two responses never share bytes.
-func TestMetadataBufferOwnership(t *testing.T) {
+// TestResponseBytesOwnership checks that the body and the metadata of a
+// response are its own: two responses never share bytes, and appending to
+// the body does not touch the metadata.
+func TestResponseBytesOwnership(t *testing.T) {
 	for _, c := range metaCases() {
 		svc := &Service{headers: c.mode}
 		req1, sc1 := c.scratch()
 		req2, sc2 := c.scratch()
-		a := svc.respond(req1, sc1).ProtoReflect().GetUnknown()
-		b := svc.respond(req2, sc2).ProtoReflect().GetUnknown()
-		if !bytes.Equal(a, b) {
-			t.Errorf("%s: the same results encode differently", c.name)
+		r1, r2 := svc.respond(req1, sc1), svc.respond(req2, sc2)
+		for _, p := range []struct {
+			what string
+			a, b []byte
+		}{
+			{"metadata", r1.ProtoReflect().GetUnknown(), r2.ProtoReflect().GetUnknown()},
+			{"body", r1.RawBody, r2.RawBody},
+		} {
+			if !bytes.Equal(p.a, p.b) {
+				t.Errorf("%s: the same results give different %s", c.name, p.what)
+			}
+			if len(p.a) > 0 && &p.a[0] == &p.b[0] {
+				t.Errorf("%s: two responses share their %s", c.name, p.what)
+			}
 		}
-		if len(a) > 0 && &a[0] == &b[0] {
-			t.Errorf("%s: two responses share their metadata bytes", c.name)
+		md := bytes.Clone(r1.ProtoReflect().GetUnknown())
+		_ = append(r1.RawBody, strings.Repeat("x", 600)...)
+		if !bytes.Equal(r1.ProtoReflect().GetUnknown(), md) {
+			t.Errorf("%s: appending to the body changed the metadata", c.name)
 		}
-		// In the response's block when it fits, else allocated to size.
-		wantCap := len(a)
-		if len(req1.Descriptors) <= smallResponse && len(a) <= metaInline {
-			wantCap = metaInline
+	}
+}
+
+// TestBlockSizes checks that the response blocks fill the size classes
+// their comments name, no more.
+func TestBlockSizes(t *testing.T) {
+	if n := unsafe.Sizeof(okBlock{}); n > 1280 || n <= 1152 {
+		t.Errorf("okBlock is %d bytes, want (1152, 1280]", n)
+	}
+	if n := unsafe.Sizeof(fullBlock{}); n > 1536 || n <= 1408 {
+		t.Errorf("fullBlock is %d bytes, want (1408, 1536]", n)
+	}
+}
+
+// TestRespondAllocations checks that a response of up to two descriptors
+// with short names is two allocations, OK or OVER_LIMIT: its block (with
+// its headers, body and metadata) and the string of its header values.
+func TestRespondAllocations(t *testing.T) {
+	for _, c := range metaCases() {
+		if len(c.limits) > smallResponse || len(c.domain) > 10 || c.name == "unknown_source" {
+			continue // more descriptors, long names, or a Source that fmt names
 		}
-		if cap(a) != wantCap {
-			t.Errorf("%s: %d bytes of metadata in a buffer of %d, want %d", c.name, len(a), cap(a), wantCap)
-		}
+		t.Run(c.name, func(t *testing.T) {
+			svc := &Service{headers: c.mode}
+			req, sc := c.scratch()
+			want := 2.0
+			if svc.headerCount(sc) == 0 {
+				want = 1
+			}
+			got := testing.AllocsPerRun(100, func() {
+				sc.hdr, sc.hdrNames, sc.hdrEnds = sc.hdr[:0], sc.hdrNames[:0], sc.hdrEnds[:0]
+				svc.respond(req, sc)
+			})
+			if got != want {
+				t.Errorf("%v allocations, want %v", got, want)
+			}
+		})
 	}
 }
 

@@ -60,41 +60,87 @@ func outcomeOf(q *limiter.Request, r *limiter.Result) Outcome {
 // response is allocated as one respBlock.
 const smallResponse = 2
 
-// maxHeaders is the largest number of response headers kept in a
-// respBlock: the two IETF headers of an OK answer. More (draft-03, or
-// Retry-After and Content-Type on OVER_LIMIT) take one more allocation;
-// room for them in every block would cost more bytes than it saves (the
-// block is sized to fill the 1280-byte size class).
-const maxHeaders = 2
-
 // respBlock holds every message of the response to a request of at most
-// smallResponse descriptors, so that building it costs one allocation
-// instead of one per message, and meta holds the encoded dynamic metadata
-// (see metadata) when it fits. Its parts are referenced from resp only; a
-// respBlock is never copied or reused.
+// smallResponse descriptors but its headers, so that building it costs one
+// allocation instead of one per message. It is allocated as part of an
+// okBlock or a fullBlock, which add room for the headers and bytes for the
+// body and the metadata (see respond). Its parts are referenced from resp
+// only; a block is never copied or reused.
 type respBlock struct {
 	resp     rlsv3.RateLimitResponse
 	statuses [smallResponse]*rlsv3.RateLimitResponse_DescriptorStatus
 	sts      [smallResponse]rlsv3.RateLimitResponse_DescriptorStatus
 	lims     [smallResponse]rlsv3.RateLimitResponse_RateLimit
 	durs     [smallResponse]durationpb.Duration
-	hdrs     [maxHeaders]*corev3.HeaderValue
-	hv       [maxHeaders]corev3.HeaderValue
-	meta     [metaInline]byte
 }
 
-// metaInline is the room for the encoded dynamic metadata in a respBlock:
-// the fixed part takes about 170 bytes, which leaves about 300 for the
-// domain, rule, rule ID and limit name; longer metadata takes one more
-// allocation. It sizes the block to the 1280-byte size class.
-const metaInline = 480
+// okBlock is a respBlock with room for two headers: those of an OK answer
+// in the default IETF mode, or Retry-After and Content-Type of an
+// OVER_LIMIT answer in HeadersNone mode. Its bytes fill the 1280-byte size
+// class: the metadata's fixed part takes about 170 bytes, which leaves
+// about 300 for the domain, rule, rule ID and limit name.
+type okBlock struct {
+	respBlock
+	hdrs  [2]*corev3.HeaderValue
+	hv    [2]corev3.HeaderValue
+	bytes [480]byte
+}
 
-// hdrBlock holds the response headers when they do not fit a respBlock:
-// at most five (draft-03 on OVER_LIMIT: three X-RateLimit-*, Retry-After,
-// Content-Type).
+// fullBlock is a respBlock with room for five headers: any answer's (on
+// OVER_LIMIT in draft-03 mode: three X-RateLimit-*, Retry-After,
+// Content-Type). Its bytes fill the 1536-byte size class; the body of an
+// OVER_LIMIT answer takes about 200 of them with short names.
+type fullBlock struct {
+	respBlock
+	hdrs  [5]*corev3.HeaderValue
+	hv    [5]corev3.HeaderValue
+	bytes [424]byte
+}
+
+// hdrBlock holds the headers of a response too large for a respBlock.
 type hdrBlock struct {
 	hdrs [5]*corev3.HeaderValue
 	hv   [5]corev3.HeaderValue
+}
+
+// headerCount is the number of headers addHeaders sets for the results in
+// sc: none when no enforced limit was checked, else those of the header
+// mode, and Retry-After and Content-Type when an enforced limit denied.
+func (s *Service) headerCount(sc *scratch) int {
+	enforced, over := false, false
+	for k := range sc.reqs {
+		if !sc.reqs[k].Shadow {
+			enforced = true
+			if !sc.res[k].Allowed {
+				over = true
+				break
+			}
+		}
+	}
+	n := 0
+	if enforced {
+		switch s.headers {
+		case HeadersIETF:
+			n = 2
+		case HeadersDraft03:
+			n = 3
+		}
+	}
+	if over {
+		n += 2
+	}
+	return n
+}
+
+// cut returns a copy of b in the front of spare (an empty slice with room
+// in its capacity), its capacity limited to its length, and the rest of
+// spare; when b does not fit, a copy of b and spare.
+func cut(spare, b []byte) (cp, rest []byte) {
+	if len(b) > cap(spare) {
+		return bytes.Clone(b), spare
+	}
+	cp = append(spare, b...)
+	return cp[:len(b):len(b)], cp[len(b):len(b)]
 }
 
 // respond builds the response from the limiter's results in sc.
@@ -114,14 +160,23 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch) *rlsv3.RateL
 		}
 	}
 	var (
-		blk  *respBlock
-		resp *rlsv3.RateLimitResponse
-		sts  []rlsv3.RateLimitResponse_DescriptorStatus
-		lims []rlsv3.RateLimitResponse_RateLimit
-		durs []durationpb.Duration
+		blk   *respBlock
+		hdrs  []*corev3.HeaderValue // room for the headers
+		hv    []corev3.HeaderValue
+		spare []byte // room for the body and the metadata
+		resp  *rlsv3.RateLimitResponse
+		sts   []rlsv3.RateLimitResponse_DescriptorStatus
+		lims  []rlsv3.RateLimitResponse_RateLimit
+		durs  []durationpb.Duration
 	)
 	if n <= smallResponse {
-		blk = new(respBlock)
+		if s.headerCount(sc) <= len(okBlock{}.hv) {
+			b := new(okBlock)
+			blk, hdrs, hv, spare = &b.respBlock, b.hdrs[:], b.hv[:], b.bytes[:0]
+		} else {
+			b := new(fullBlock)
+			blk, hdrs, hv, spare = &b.respBlock, b.hdrs[:], b.hv[:], b.bytes[:0]
+		}
 		resp = &blk.resp
 		resp.Statuses = blk.statuses[:n:n]
 		sts = blk.sts[:n:n]
@@ -193,14 +248,10 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch) *rlsv3.RateL
 		li++
 	}
 	if enforced >= 0 {
-		s.addHeaders(resp, sc, enforced, blk)
+		spare = s.addHeaders(resp, sc, enforced, hdrs, hv, spare)
 	}
 	if top >= 0 {
-		var buf []byte
-		if blk != nil {
-			buf = blk.meta[:0]
-		}
-		resp.ProtoReflect().SetUnknown(metadata(buf, req.Domain, sc, top))
+		resp.ProtoReflect().SetUnknown(metadata(spare, req.Domain, sc, top))
 	}
 	return resp
 }
@@ -300,9 +351,10 @@ func (sc *scratch) endHeader(name string) {
 }
 
 // addHeaders sets response_headers_to_add (and raw_body on OVER_LIMIT) for
-// the most restrictive enforced result k, in blk's messages unless blk is
-// nil.
-func (s *Service) addHeaders(resp *rlsv3.RateLimitResponse, sc *scratch, k int, blk *respBlock) {
+// the most restrictive enforced result k: in hdrs and hv when they have
+// room, the body in spare when it fits. It returns the rest of spare.
+func (s *Service) addHeaders(resp *rlsv3.RateLimitResponse, sc *scratch, k int,
+	hdrs []*corev3.HeaderValue, hv []corev3.HeaderValue, spare []byte) []byte {
 	q, r, m := &sc.reqs[k], &sc.res[k], &sc.meta[k]
 	window := max(1, ceilSeconds(q.Limit.Window))
 	reset := ceilSeconds(r.ResetAfter)
@@ -345,18 +397,18 @@ func (s *Service) addHeaders(resp *rlsv3.RateLimitResponse, sc *scratch, k int, 
 		sc.endHeader(hdrRetryAfter)
 		sc.hdr = append(sc.hdr, problemJSONType...)
 		sc.endHeader(hdrContentType)
-		resp.RawBody = problemBody(m.name, q.Limit, retry)
+		var buf [512]byte
+		resp.RawBody, spare = cut(spare, appendProblemBody(buf[:0], m.name, q.Limit, retry))
 	}
 	if len(sc.hdrNames) == 0 {
-		return
+		return spare
 	}
 	values := string(sc.hdr)
 	n := len(sc.hdrNames)
-	var hv []corev3.HeaderValue
 	switch {
-	case blk != nil && n <= len(blk.hv):
-		hv = blk.hv[:n:n]
-		resp.ResponseHeadersToAdd = blk.hdrs[:n:n]
+	case n <= len(hv):
+		hv = hv[:n:n]
+		resp.ResponseHeadersToAdd = hdrs[:n:n]
 	case n <= len(hdrBlock{}.hv):
 		hb := new(hdrBlock)
 		hv = hb.hv[:n:n]
@@ -372,6 +424,7 @@ func (s *Service) addHeaders(resp *rlsv3.RateLimitResponse, sc *scratch, k int, 
 		start = sc.hdrEnds[i]
 		resp.ResponseHeadersToAdd[i] = &hv[i]
 	}
+	return spare
 }
 
 // appendSFString appends s as an RFC 8941 structured-field String: quoted,
@@ -422,7 +475,12 @@ type problem struct {
 // checks it) without reflection: every OVER_LIMIT answer has a body.
 func problemBody(name string, l limiter.Limit, retry int64) []byte {
 	var buf [512]byte
-	b := append(buf[:0], `{"type":"about:blank","title":"Too Many Requests","status":429,"detail":`...)
+	return bytes.Clone(appendProblemBody(buf[:0], name, l, retry))
+}
+
+// appendProblemBody appends the problem+json body (see problemBody) to dst.
+func appendProblemBody(dst []byte, name string, l limiter.Limit, retry int64) []byte {
+	b := append(dst, `{"type":"about:blank","title":"Too Many Requests","status":429,"detail":`...)
 	window := l.Window.String()
 	var detail [256]byte
 	d := append(detail[:0], "rate limit "...)
@@ -443,8 +501,7 @@ func problemBody(name string, l limiter.Limit, retry int64) []byte {
 	b = appendJSONString(b, window)
 	b = append(b, `,"retry_after":`...)
 	b = strconv.AppendInt(b, retry, 10)
-	b = append(b, '}')
-	return bytes.Clone(b)
+	return append(b, '}')
 }
 
 // appendJSONString appends s as encoding/json writes a string: quoted; ",
@@ -502,8 +559,8 @@ func appendJSONString[S string | []byte](dst []byte, s S) []byte {
 }
 
 // metadata returns the response's dynamic_metadata as an encoded field of
-// RateLimitResponse, appended to buf (which it uses when it has room, and
-// which must not be reused while the response is): which limit decided, for
+// RateLimitResponse, appended to buf (in buf's array when it has room: the
+// array must be the response's own, never reused): which limit decided, for
 // Envoy access logs (%DYNAMIC_METADATA(envoy.filters.http.ratelimit:rule)%).
 // It is a google.protobuf.Struct describing the request's most restrictive
 // result k, shadow ones included:
