@@ -196,3 +196,36 @@ descriptors:
 	}
 	wireBench(b, svc, []*rlsv3.RateLimitRequest{req}, rlsv3.RateLimitResponse_OVER_LIMIT)
 }
+
+// BenchmarkDecodeRequest compares decodeRequest with proto.Unmarshal on
+// the requests of BenchmarkWireShouldRateLimit.
+func BenchmarkDecodeRequest(b *testing.B) {
+	reqs := benchRequests(1024)
+	wire := make([][]byte, len(reqs))
+	for i, req := range reqs {
+		raw, err := proto.Marshal(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		wire[i] = raw
+	}
+	for _, c := range []struct {
+		name   string
+		decode func([]byte, *rlsv3.RateLimitRequest) bool
+	}{
+		{"decodeRequest", decodeRequest},
+		{"proto.Unmarshal", func(raw []byte, req *rlsv3.RateLimitRequest) bool { return proto.Unmarshal(raw, req) == nil }},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				var req rlsv3.RateLimitRequest
+				if !c.decode(wire[i%len(wire)], &req) {
+					b.Fatal("not decoded")
+				}
+				i++
+			}
+		})
+	}
+}

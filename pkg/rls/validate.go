@@ -141,8 +141,12 @@ func (r *lenientRequest) Reset()         { r.req.Reset(); r.err = nil }
 func (r *lenientRequest) String() string { return r.req.String() }
 func (*lenientRequest) ProtoMessage()    {}
 
-// Unmarshal decodes b; it never fails, see lenientRequest.
+// Unmarshal decodes b; it never fails, see lenientRequest. A request of the
+// usual shape is decoded by decodeRequest, any other by proto.Unmarshal.
 func (r *lenientRequest) Unmarshal(b []byte) error {
+	if decodeRequest(b, &r.req) {
+		return nil
+	}
 	if err := proto.Unmarshal(b, &r.req); err != nil {
 		r.err = decodeError(b, err)
 	}
