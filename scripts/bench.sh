@@ -32,7 +32,9 @@
 # counts in 10 ms ticks, so very short runs are coarse.
 #
 # Environment:
-#   BENCH_DURATION   measured phase of each run (default 10s; 2s for a quick look)
+#   BENCH_DURATION   measured phase of each run (default 5s; 2s for a quick look)
+#   BENCH_REPEAT     rounds of every scenario (default 3), interleaved; the table
+#                    shows the median of the rounds (a shared machine is noisy)
 #   BENCH_WARMUP     warm-up of each run, discarded (default 2s)
 #   BENCH_CALLERS    closed-loop caller counts (default "16 64")
 #   BENCH_RATE       open-loop rate per second (default 3000)
@@ -55,7 +57,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-BENCH_DURATION="${BENCH_DURATION:-10s}"
+BENCH_DURATION="${BENCH_DURATION:-5s}"
+BENCH_REPEAT="${BENCH_REPEAT:-3}"
 BENCH_WARMUP="${BENCH_WARMUP:-2s}"
 BENCH_CALLERS="${BENCH_CALLERS:-16 64}"
 BENCH_RATE="${BENCH_RATE:-3000}"
@@ -219,7 +222,7 @@ RESULTS="$TMP/results.jsonl"
 bench() {
 	local label="$1"
 	shift
-	log "run: $label"
+	log "run $round/$BENCH_REPEAT: $label"
 	if ! "$BIN/rls-bench" --label "$label" --duration "$BENCH_DURATION" --warmup "$BENCH_WARMUP" \
 		--connections "$BENCH_CONNECTIONS" --cpu bench=self --json "$@" >>"$RESULTS" 2>"$TMP/run.err"; then
 		cat "$TMP/run.err" >&2
@@ -232,37 +235,39 @@ rls() { bench "$@" --addr "127.0.0.1:$RLS_GRPC" --domain bench --cpu "rls=$RLS_P
 THREE=(--descriptor 'remote_address=10.{i}' --descriptor 'tenant=t{i%100},user=u{i}' --descriptor 'route=/api/r{i%20}')
 FOUR=(--descriptor 'remote_address=10.{i}' --descriptor 'plan=p{i%10},user=u{i}' --descriptor 'route=/api/r{i%20}')
 
-for c in $BENCH_CALLERS; do
-	if want ceiling; then
-		bench "do-nothing" --addr "127.0.0.1:$NOOP_PORT" --is-ceiling --concurrency "$c" \
-			--descriptor 'remote_address=10.{i}' --cpu "rls=$NOOP_PID"
-	fi
-	if want one-key; then
-		rls "1 key" --concurrency "$c" --descriptor 'remote_address=10.0.0.1'
-	fi
-	if want many-keys; then
-		rls "100k keys" --concurrency "$c" --descriptor 'remote_address=10.{i}' --cardinality 100000
-	fi
-	if want three-desc; then
-		rls "3 desc, 100k" --concurrency "$c" "${THREE[@]}" --cardinality 100000
-	fi
-	if want four-limits; then
-		rls "4 limits, 100k" --concurrency "$c" "${FOUR[@]}" --cardinality 100000
-	fi
-	if want hot-key; then
-		rls "hot key (over)" --concurrency "$c" --descriptor 'hot=1'
+for round in $(seq 1 "$BENCH_REPEAT"); do
+	for c in $BENCH_CALLERS; do
+		if want ceiling; then
+			bench "do-nothing" --addr "127.0.0.1:$NOOP_PORT" --is-ceiling --concurrency "$c" \
+				--descriptor 'remote_address=10.{i}' --cpu "rls=$NOOP_PID"
+		fi
+		if want one-key; then
+			rls "1 key" --concurrency "$c" --descriptor 'remote_address=10.0.0.1'
+		fi
+		if want many-keys; then
+			rls "100k keys" --concurrency "$c" --descriptor 'remote_address=10.{i}' --cardinality 100000
+		fi
+		if want three-desc; then
+			rls "3 desc, 100k" --concurrency "$c" "${THREE[@]}" --cardinality 100000
+		fi
+		if want four-limits; then
+			rls "4 limits, 100k" --concurrency "$c" "${FOUR[@]}" --cardinality 100000
+		fi
+		if want hot-key; then
+			rls "hot key (over)" --concurrency "$c" --descriptor 'hot=1'
+		fi
+	done
+	if want open-loop; then
+		bench "do-nothing, open" --addr "127.0.0.1:$NOOP_PORT" --rate "$BENCH_RATE" --concurrency "$BENCH_OPEN_CALLERS" \
+			"${THREE[@]}" --cardinality 100000 --cpu "rls=$NOOP_PID"
+		rls "open loop, 3 desc" --rate "$BENCH_RATE" --concurrency "$BENCH_OPEN_CALLERS" "${THREE[@]}" --cardinality 100000
 	fi
 done
-if want open-loop; then
-	bench "do-nothing, open" --addr "127.0.0.1:$NOOP_PORT" --rate "$BENCH_RATE" --concurrency "$BENCH_OPEN_CALLERS" \
-		"${THREE[@]}" --cardinality 100000 --cpu "rls=$NOOP_PID"
-	rls "open loop, 3 desc" --rate "$BENCH_RATE" --concurrency "$BENCH_OPEN_CALLERS" "${THREE[@]}" --cardinality 100000
-fi
 
 if [ -n "$BENCH_OUT" ]; then
 	cp "$RESULTS" "$BENCH_OUT"
 fi
 echo
 load="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')"
-echo "envoy-rls bench: $(nproc 2>/dev/null || echo '?') CPUs (load average at the end: $load), ${BENCH_DURATION} measured per run after ${BENCH_WARMUP} warm-up, ${BENCH_CONNECTIONS} connections; latencies in ms"
-"$BIN/rls-bench" report "$RESULTS"
+echo "envoy-rls bench: $(nproc 2>/dev/null || echo '?') CPUs (load average at the end: $load), medians of ${BENCH_REPEAT} rounds of ${BENCH_DURATION} measured after ${BENCH_WARMUP} warm-up, ${BENCH_CONNECTIONS} connections; latencies in ms"
+"$BIN/rls-bench" report --median "$RESULTS"

@@ -269,6 +269,7 @@ func report(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("rls-bench report", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print JSON (with the ceiling fields filled) instead of the table")
+	medians := fs.Bool("median", false, "combine repeated runs of the same load (label, target, callers, rate) into one row of medians")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -301,6 +302,9 @@ func report(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 	}
 	if err == nil {
+		if *medians {
+			all = bench.Medians(all)
+		}
 		bench.FillCeilings(all)
 		if *asJSON {
 			err = bench.WriteJSON(stdout, all)

@@ -48,6 +48,9 @@ type Result struct {
 	// CPU is the CPU time each probed process used per completed request
 	// during the measured phase.
 	CPU []CPUUse `json:"cpu,omitempty"`
+	// Runs is the number of runs a median result stands for (see Medians);
+	// 0 for a single run.
+	Runs int `json:"runs,omitempty"`
 }
 
 // CPUUse is one probed process's CPU time over the measured phase, and that
@@ -136,6 +139,105 @@ func FillCeilings(rs []*Result) {
 	}
 }
 
+// Medians combines repeated runs of the same load (label, target, mode,
+// callers and rate) into one result each, in the order each load first
+// appears: every rate, latency and CPU figure is the median of the runs
+// (the mean of the two middle ones for an even count), the counts are
+// summed, and Runs is the number of runs. A load run once is kept as it is.
+// Ceiling fields are cleared; FillCeilings sets them from the medians.
+func Medians(rs []*Result) []*Result {
+	type key struct {
+		label, target, mode string
+		callers             int
+		rate                float64
+	}
+	var order []key
+	groups := map[key][]*Result{}
+	for _, r := range rs {
+		k := key{r.Label, r.Target, r.Mode, r.Callers, r.Rate}
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], r)
+	}
+	out := make([]*Result, 0, len(order))
+	for _, k := range order {
+		g := groups[k]
+		if len(g) == 1 {
+			out = append(out, g[0])
+			continue
+		}
+		m := *g[0]
+		m.Runs = len(g)
+		m.CeilingRPS, m.CeilingFraction = 0, 0
+		med := func(f func(*Result) float64) float64 {
+			v := make([]float64, len(g))
+			for i, r := range g {
+				v[i] = f(r)
+			}
+			return median(v)
+		}
+		m.RPS = med(func(r *Result) float64 { return r.RPS })
+		m.ElapsedS = med(func(r *Result) float64 { return r.ElapsedS })
+		m.P50 = med(func(r *Result) float64 { return r.P50 })
+		m.P90 = med(func(r *Result) float64 { return r.P90 })
+		m.P99 = med(func(r *Result) float64 { return r.P99 })
+		m.P999 = med(func(r *Result) float64 { return r.P999 })
+		m.Max = med(func(r *Result) float64 { return r.Max })
+		m.Mean = med(func(r *Result) float64 { return r.Mean })
+		m.MaxSendLag = med(func(r *Result) float64 { return r.MaxSendLag })
+		m.Requests, m.Scheduled, m.OK, m.OverLimit, m.Errors = 0, 0, 0, 0, 0
+		m.ErrorKinds = nil
+		for _, r := range g {
+			m.Requests += r.Requests
+			m.Scheduled += r.Scheduled
+			m.OK += r.OK
+			m.OverLimit += r.OverLimit
+			m.Errors += r.Errors
+			for kind, n := range r.ErrorKinds {
+				if m.ErrorKinds == nil {
+					m.ErrorKinds = map[string]int64{}
+				}
+				m.ErrorKinds[kind] += n
+			}
+		}
+		m.CPU = nil
+		for _, c := range g[0].CPU {
+			use := func(r *Result) (CPUUse, bool) {
+				for _, x := range r.CPU {
+					if x.Name == c.Name {
+						return x, true
+					}
+				}
+				return CPUUse{}, false
+			}
+			var secs, per []float64
+			for _, r := range g {
+				if x, ok := use(r); ok {
+					secs, per = append(secs, x.Seconds), append(per, x.MicrosPerReq)
+				}
+			}
+			m.CPU = append(m.CPU, CPUUse{Name: c.Name, Seconds: median(secs), MicrosPerReq: median(per)})
+		}
+		out = append(out, &m)
+	}
+	return out
+}
+
+// median returns the median of v (the mean of the two middle values for an
+// even count); 0 for none. It sorts v.
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	slices.Sort(v)
+	n := len(v)
+	if n%2 == 1 {
+		return v[n/2]
+	}
+	return (v[n/2-1] + v[n/2]) / 2
+}
+
 // WriteJSON writes each result as one JSON object per line.
 func WriteJSON(w io.Writer, rs []*Result) error {
 	enc := json.NewEncoder(w)
@@ -174,7 +276,14 @@ func WriteTable(w io.Writer, rs []*Result) error {
 			}
 		}
 	}
+	runs := false
+	for _, r := range rs {
+		runs = runs || r.Runs > 1
+	}
 	head := []string{"label", "target", "callers", "rps", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms", "OK", "OVER_LIMIT", "errors", "ceiling"}
+	if runs {
+		head = slices.Insert(head, 3, "runs")
+	}
 	for _, n := range cpuNames {
 		head = append(head, n+" µs/req")
 	}
@@ -195,6 +304,9 @@ func WriteTable(w io.Writer, rs []*Result) error {
 			r.Label, r.Target, callers, fmt.Sprintf("%.0f", r.RPS),
 			lat(r.P50), lat(r.P90), lat(r.P99), lat(r.P999), lat(r.Max),
 			fmt.Sprint(r.OK), fmt.Sprint(r.OverLimit), errCell(r), ceiling,
+		}
+		if runs {
+			row = slices.Insert(row, 3, fmt.Sprint(max(r.Runs, 1)))
 		}
 		for _, n := range cpuNames {
 			cell := "-"

@@ -120,3 +120,51 @@ func TestNewResultCountsAnswersOnly(t *testing.T) {
 		t.Errorf("max=%v p50=%v, want 8 and about 4 (ms)", r.Max, r.P50)
 	}
 }
+
+func TestMedians(t *testing.T) {
+	run := func(label string, callers int, rps, p99, cpu float64, ok int64) *Result {
+		return &Result{Label: label, Target: "t", Mode: "closed", Callers: callers, RPS: rps, P99: p99, OK: ok,
+			CPU: []CPUUse{{Name: "rls", MicrosPerReq: cpu}}}
+	}
+	in := []*Result{
+		run("ceiling", 16, 20000, 1, 30, 100),
+		run("a", 16, 9000, 5, 80, 10),
+		run("ceiling", 16, 22000, 3, 32, 100),
+		run("a", 16, 7000, 9, 90, 20),
+		run("ceiling", 16, 21000, 2, 31, 100),
+		run("a", 16, 8000, 7, 100, 30),
+		run("a", 64, 12000, 20, 50, 1), // another load, run once
+	}
+	in[0].Ceiling, in[2].Ceiling, in[4].Ceiling = true, true, true
+	got := Medians(in)
+	if len(got) != 3 {
+		t.Fatalf("%d results, want 3 (ceiling, a@16, a@64): %+v", len(got), got)
+	}
+	c, a, once := got[0], got[1], got[2]
+	if c.Label != "ceiling" || !c.Ceiling || c.Runs != 3 || c.RPS != 21000 || c.P99 != 2 || c.OK != 300 {
+		t.Errorf("ceiling median = %+v", c)
+	}
+	if a.Label != "a" || a.Runs != 3 || a.RPS != 8000 || a.P99 != 7 || a.OK != 60 || a.CPU[0].MicrosPerReq != 90 {
+		t.Errorf("a median = %+v", a)
+	}
+	if once != in[6] {
+		t.Errorf("a load run once changed: %+v", once)
+	}
+	FillCeilings(got)
+	if a.CeilingFraction != 8000.0/21000 {
+		t.Errorf("ceiling fraction of the medians = %v, want %v", a.CeilingFraction, 8000.0/21000)
+	}
+	if in[1].RPS != 9000 || in[1].Runs != 0 {
+		t.Errorf("Medians modified its input: %+v", in[1])
+	}
+	if m := median([]float64{4, 1, 3, 2}); m != 2.5 {
+		t.Errorf("median of an even count = %v, want 2.5", m)
+	}
+	var buf bytes.Buffer
+	if err := WriteTable(&buf, got); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "runs") {
+		t.Errorf("the table of medians has no runs column:\n%s", buf.String())
+	}
+}
