@@ -83,9 +83,9 @@ func BenchmarkBaseKey(b *testing.B) {
 // BenchmarkMemoryPerKey reports Redis memory per counter (redis-B/key: the
 // growth of INFO memory used_memory divided by the number of counters,
 // dictionary and expiry overhead included) after each operation wrote one
-// new counter: one hit on a fresh key (1 bucket for the windows), or for
-// sliding_window/active one hit in each of two consecutive windows (the two
-// buckets a counter in steady use keeps). Run it with many keys, e.g.
+// new counter: one hit on a fresh key, or for sliding_window/active one hit
+// in each of two consecutive windows (a counter in steady use, which is
+// still one key). Run it with many keys, e.g.
 //
 //	go test -run '^$' -bench MemoryPerKey -benchtime 100000x ./pkg/redisbackend
 func BenchmarkMemoryPerKey(b *testing.B) {
