@@ -21,27 +21,6 @@ import (
 	"github.com/envoy-rls/envoy-rls/pkg/rls"
 )
 
-// benchConfig has the limits of scripts/bench.sh: one limit per descriptor,
-// and a descriptor with two limits. None is ever reached.
-const benchConfig = `
-domain: bench
-descriptors:
-  - key: remote_address
-    rate_limit: {name: bench_ip, unit: minute, requests_per_unit: 1000000000}
-  - key: tenant
-    descriptors:
-      - key: user
-        rate_limit: {name: bench_user, unit: minute, requests_per_unit: 1000000000}
-  - key: plan
-    descriptors:
-      - key: user
-        rate_limits:
-          - {name: bench_plan_burst, algorithm: token_bucket, unit: second, requests_per_unit: 1000000000}
-          - {name: bench_plan_hourly, window: 1h, requests_per_unit: 1000000000}
-  - key: route
-    rate_limit: {name: bench_route, unit: minute, requests_per_unit: 1000000000}
-`
-
 // redisCPU returns redis-server's CPU time (INFO cpu, user + system).
 func redisCPU(b *testing.B, r *testenv.Redis) time.Duration {
 	b.Helper()
@@ -73,9 +52,8 @@ func redisCPU(b *testing.B, r *testenv.Redis) time.Duration {
 //	go test -run '^$' -bench ShouldRateLimitRedis -benchmem ./cmd/envoy-rls
 func BenchmarkShouldRateLimitRedis(b *testing.B) {
 	r := testenv.RedisServer(b)
-	dir := b.TempDir()
-	writeFile(b, filepath.Join(dir, "bench.yaml"), benchConfig)
-	watcher, err := descriptors.NewWatcher(descriptors.WatcherOptions{Dir: dir, Interval: time.Hour})
+	// The limits make bench uses.
+	watcher, err := descriptors.NewWatcher(descriptors.WatcherOptions{Dir: filepath.Join("..", "..", "testdata", "bench"), Interval: time.Hour})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -166,5 +144,17 @@ func BenchmarkShouldRateLimitRedis(b *testing.B) {
 				b.ReportMetric(float64((redisCPU(b, r)-cpu).Microseconds())/float64(b.N), "redis-cpu-µs/op")
 			})
 		}
+	}
+}
+
+// TestBenchConfigLoads: the limits `make bench` serves load (the script
+// copies testdata/bench into envoy-rls's config folder).
+func TestBenchConfigLoads(t *testing.T) {
+	w, err := descriptors.NewWatcher(descriptors.WatcherOptions{Dir: filepath.Join("..", "..", "testdata", "bench"), Interval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !w.Current().HasDomain("bench") {
+		t.Error("testdata/bench has no domain bench")
 	}
 }

@@ -94,15 +94,24 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Rules loaded, by domain.",
 		}, []string{"domain"}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.nearLimit, m.unknownDomain, m.requests, m.requestDuration,
+	if err := m.register(m.decisions, m.nearLimit, m.unknownDomain, m.requests, m.requestDuration,
 		m.storeDuration, m.storeErrors, m.fallbackActive, m.breakerState, m.reloads, m.lastReloadOK,
-		m.lastReloadTime, m.rules} {
-		if err := reg.Register(c); err != nil {
-			return nil, err
-		}
+		m.lastReloadTime, m.rules); err != nil {
+		return nil, err
 	}
 	m.BreakerState("closed")
 	return m, nil
+}
+
+// register registers every collector on the registry, stopping at the first
+// error.
+func (m *Metrics) register(cs ...prometheus.Collector) error {
+	for _, c := range cs {
+		if err := m.registerer.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Decision counts one decision.
@@ -186,7 +195,7 @@ type DenyCacheStats struct {
 // DenyCache exports the deny cache's counters, read from stats at scrape
 // time.
 func (m *Metrics) DenyCache(stats func() DenyCacheStats) error {
-	for _, c := range []prometheus.Collector{
+	return m.register(
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "envoy_rls_deny_cache_answered_total",
 			Help: "Requests answered OVER_LIMIT from the deny cache without a Redis call (every limit of the request was known to be denied until a later instant).",
@@ -203,12 +212,7 @@ func (m *Metrics) DenyCache(stats func() DenyCacheStats) error {
 			Name: "envoy_rls_deny_cache_entries",
 			Help: "Counters currently remembered as denied.",
 		}, func() float64 { return float64(stats().Entries) }),
-	} {
-		if err := m.registerer.Register(c); err != nil {
-			return err
-		}
-	}
-	return nil
+	)
 }
 
 // RedisCallStats are the Redis backend's counters at one instant.
@@ -219,7 +223,7 @@ type RedisCallStats struct {
 // RedisCalls exports the Redis backend's counters of checks and script
 // calls, read from stats at scrape time.
 func (m *Metrics) RedisCalls(stats func() RedisCallStats) error {
-	for _, c := range []prometheus.Collector{
+	return m.register(
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "envoy_rls_redis_checks_total",
 			Help: "Requests (their limits together) sent to Redis to be decided.",
@@ -228,12 +232,7 @@ func (m *Metrics) RedisCalls(stats func() RedisCallStats) error {
 			Name: "envoy_rls_redis_calls_total",
 			Help: "Check script calls sent to Redis: one per request without coalescing (one per hash slot on a Cluster); with coalescing (--redis.senders) one call carries the requests that arrived while the others were in flight, and checks_total/calls_total is the average number per call.",
 		}, func() float64 { return float64(stats().Calls) }),
-	} {
-		if err := m.registerer.Register(c); err != nil {
-			return err
-		}
-	}
-	return nil
+	)
 }
 
 // InstrumentStore returns a limiter.Limiter that times every call of l in

@@ -141,21 +141,32 @@ func newBackend(c redis.UniversalClient, opts Options) (*Backend, error) {
 	return b, nil
 }
 
-// Close stops the coalescing senders (their calls in flight end first) and
-// closes the client if New created it. Calls after Close fail with
+// Close stops the coalescing senders (their calls in flight end first, or
+// are ended after Options.Timeout) and closes the client if New created it. Calls after Close fail with
 // limiter.ErrUnavailable (with NewFromClient, coalesced calls do; the others
 // go on while the caller's client is open).
 func (b *Backend) Close() error {
-	if b.co != nil {
-		b.co.stopOnce.Do(func() { close(b.co.stop) })
+	if b.co == nil {
+		if b.owned {
+			return b.client.Close()
+		}
+		return nil
 	}
+	// Let the senders finish their calls and return their connections
+	// (closing the client under a sender's connection makes go-redis log),
+	// for as long as a call may take; then close the client, which also
+	// ends a call without a deadline. With a caller's client, wait for them.
+	grace := max(b.timeout, 0)
+	if !b.owned {
+		grace = -1
+	}
+	stopped := b.co.close(grace)
 	var err error
 	if b.owned {
-		// Closing the client also ends calls in flight without a deadline.
 		err = b.client.Close()
 	}
-	if b.co != nil {
-		b.co.close()
+	if !stopped {
+		b.co.close(-1)
 	}
 	return err
 }

@@ -104,11 +104,29 @@ func newCoalescer(b *Backend, senders, maxBatch int) *coalescer {
 	return c
 }
 
-// close stops the senders after their calls in flight end, and makes every
-// later check fail. It is idempotent.
-func (c *coalescer) close() {
+// close makes every later check fail and stops the senders after their
+// calls in flight end. It waits for them for at most grace (a negative grace
+// waits as long as it takes) and reports whether they have stopped. It may
+// be called again.
+func (c *coalescer) close(grace time.Duration) bool {
 	c.stopOnce.Do(func() { close(c.stop) })
-	c.wg.Wait()
+	if grace < 0 {
+		c.wg.Wait()
+		return true
+	}
+	done := make(chan struct{})
+	go func() { // ends with the senders
+		c.wg.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 var errClosed = errors.New("redisbackend: closed")

@@ -85,16 +85,22 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 	}
 }
 
-// BenchmarkShouldRateLimitOverLimit is the OVER_LIMIT path: Retry-After,
-// the problem+json body.
-func BenchmarkShouldRateLimitOverLimit(b *testing.B) {
+// overLimitService returns a Service whose one limit, per_ip, admits one
+// request an hour, and a request for it.
+func overLimitService(b *testing.B) (*Service, *rlsv3.RateLimitRequest) {
 	svc := benchService(b, map[string]string{"edge.yaml": `
 domain: edge
 descriptors:
   - key: remote_address
     rate_limit: {name: per_ip, unit: hour, requests_per_unit: 1}
 `})
-	req := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*commonv3.RateLimitDescriptor{desc("remote_address", "10.0.0.1")}}
+	return svc, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*commonv3.RateLimitDescriptor{desc("remote_address", "10.0.0.1")}}
+}
+
+// BenchmarkShouldRateLimitOverLimit is the OVER_LIMIT path: Retry-After,
+// the problem+json body.
+func BenchmarkShouldRateLimitOverLimit(b *testing.B) {
+	svc, req := overLimitService(b)
 	ctx := context.Background()
 	if _, err := svc.ShouldRateLimit(ctx, req); err != nil {
 		b.Fatal(err)
@@ -184,13 +190,7 @@ func BenchmarkWireShouldRateLimit(b *testing.B) {
 // BenchmarkWireShouldRateLimitOverLimit is BenchmarkShouldRateLimitOverLimit
 // from wire bytes to wire bytes (see BenchmarkWireShouldRateLimit).
 func BenchmarkWireShouldRateLimitOverLimit(b *testing.B) {
-	svc := benchService(b, map[string]string{"edge.yaml": `
-domain: edge
-descriptors:
-  - key: remote_address
-    rate_limit: {name: per_ip, unit: hour, requests_per_unit: 1}
-`})
-	req := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*commonv3.RateLimitDescriptor{desc("remote_address", "10.0.0.1")}}
+	svc, req := overLimitService(b)
 	if _, err := svc.ShouldRateLimit(context.Background(), req); err != nil {
 		b.Fatal(err)
 	}

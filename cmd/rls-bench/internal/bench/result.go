@@ -194,12 +194,7 @@ func Medians(rs []*Result) []*Result {
 			m.OK += r.OK
 			m.OverLimit += r.OverLimit
 			m.Errors += r.Errors
-			for kind, n := range r.ErrorKinds {
-				if m.ErrorKinds == nil {
-					m.ErrorKinds = map[string]int64{}
-				}
-				m.ErrorKinds[kind] += n
-			}
+			m.ErrorKinds = addCounts(m.ErrorKinds, r.ErrorKinds)
 		}
 		m.CPU = nil
 		for _, c := range g[0].CPU {
@@ -222,6 +217,18 @@ func Medians(rs []*Result) []*Result {
 		out = append(out, &m)
 	}
 	return out
+}
+
+// addCounts adds the counts of src to dst, which it creates when src has
+// any and dst is nil, and returns dst.
+func addCounts(dst, src map[string]int64) map[string]int64 {
+	for k, n := range src {
+		if dst == nil {
+			dst = map[string]int64{}
+		}
+		dst[k] += n
+	}
+	return dst
 }
 
 // median returns the median of v (the mean of the two middle values for an

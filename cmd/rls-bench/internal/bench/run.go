@@ -218,12 +218,7 @@ func (t *tally) merge(o *tally) {
 	t.hist.Merge(&o.hist)
 	t.ok += o.ok
 	t.overLimit += o.overLimit
-	for k, v := range o.errs {
-		if t.errs == nil {
-			t.errs = map[string]int64{}
-		}
-		t.errs[k] += v
-	}
+	t.errs = addCounts(t.errs, o.errs)
 	t.lag = max(t.lag, o.lag)
 }
 
