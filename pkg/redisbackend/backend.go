@@ -142,9 +142,9 @@ func newBackend(c redis.UniversalClient, opts Options) (*Backend, error) {
 }
 
 // Close stops the coalescing senders (their calls in flight end first, or
-// are ended after Options.Timeout) and closes the client if New created it. Calls after Close fail with
-// limiter.ErrUnavailable (with NewFromClient, coalesced calls do; the others
-// go on while the caller's client is open).
+// are ended after Options.Timeout) and closes the client if New created it.
+// Calls after Close fail with limiter.ErrUnavailable (with NewFromClient,
+// coalesced calls do; the others go on while the caller's client is open).
 func (b *Backend) Close() error {
 	if b.co == nil {
 		if b.owned {
@@ -342,7 +342,7 @@ func (g *group) encode(b *Backend, reqs []limiter.Request, idx []int) {
 		n = len(idx)
 	}
 	buf, offs := g.buf[:0], g.offs[:0]
-	// Layout of buf: the header, then every key base, then every spec.
+	// Layout of buf: the header, then every key, then every spec.
 	buf = strconv.AppendInt(buf, int64(n), 10)
 	if b.now != nil {
 		buf = append(buf, ' ')
