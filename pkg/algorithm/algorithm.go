@@ -80,6 +80,18 @@ func floorDiv(a, b int64) int64 {
 	return q
 }
 
+// behind returns how far now is before the start of bucket (of window w
+// ms): positive when a counter's state is of a later bucket than now's,
+// because the clock went back across a bucket edge since it was written
+// (an NTP step, a failover to a server whose clock is behind). The windows
+// then decide at the start of the stored bucket, where its counts weigh
+// most, rather than take the state for empty: a clock that steps back never
+// makes a counter forget what it counted. Reset and retry times are then
+// longer by that much, so that they still hold from the actual now.
+func behind(bucket, now, w int64) int64 {
+	return max(0, bucket*w-now)
+}
+
 // ceilDiv returns ceil(a/b) for b > 0.
 func ceilDiv(a, b uint64) uint64 {
 	q := a / b

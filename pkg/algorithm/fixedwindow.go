@@ -17,9 +17,12 @@ type FixedWindowState struct {
 }
 
 // Decide applies hits at now to s. RetryAfter of a denial is the time until
-// the bucket ends.
+// the bucket ends. A state of a later bucket than now's is decided at that
+// bucket's start (see behind).
 func (a FixedWindow) Decide(s FixedWindowState, now int64, hits uint64) (Decision, FixedWindowState) {
 	c, consume := effectiveHits(hits)
+	step := behind(s.Bucket, now, a.Window)
+	now += step
 	b := floorDiv(now, a.Window)
 	var n uint64
 	if s.Bucket == b {
@@ -39,6 +42,10 @@ func (a FixedWindow) Decide(s FixedWindowState, now int64, hits uint64) (Decisio
 	}
 	if n < a.Limit {
 		d.Remaining = a.Limit - n
+	}
+	d.ResetAfter += ms(step)
+	if d.RetryAfter > 0 {
+		d.RetryAfter += ms(step)
 	}
 	return d, FixedWindowState{Bucket: b, Count: n}
 }

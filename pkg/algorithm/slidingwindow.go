@@ -77,9 +77,13 @@ func (a SlidingWindow) admits(b int64, cur, prev uint64, now int64, c uint64) bo
 	return cur+pw+c <= a.Limit
 }
 
-// Decide applies hits at now to s. See SlidingWindow for the arithmetic.
+// Decide applies hits at now to s. See SlidingWindow for the arithmetic; a
+// state of a later bucket than now's is decided at that bucket's start (see
+// behind).
 func (a SlidingWindow) Decide(s SlidingWindowState, now int64, hits uint64) (Decision, SlidingWindowState) {
 	c, consume := effectiveHits(hits)
+	step := behind(s.Bucket, now, a.Window)
+	now += step
 	b, cur, prev := a.counts(s, now)
 	pw := a.weight(prev, now-b*a.Window)
 	d := Decision{ResetAfter: ms((b+1)*a.Window - now)}
@@ -96,6 +100,10 @@ func (a SlidingWindow) Decide(s SlidingWindowState, now int64, hits uint64) (Dec
 	}
 	if used := cur + pw; used < a.Limit {
 		d.Remaining = a.Limit - used
+	}
+	d.ResetAfter += ms(step)
+	if d.RetryAfter > 0 {
+		d.RetryAfter += ms(step)
 	}
 	return d, SlidingWindowState{Bucket: b, Cur: cur, Prev: prev}
 }

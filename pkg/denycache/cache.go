@@ -276,9 +276,15 @@ func (c *Cache) drop(r *limiter.Request, until, now int64) {
 func agedReset(l *limiter.Limit, reset, elapsed int64) int64 {
 	switch l.Algorithm {
 	case limiter.SlidingWindow, limiter.FixedWindow:
-		// The end of the epoch-aligned window: in (0, W].
+		// The end of the window the store reported (more than W away
+		// when its clock had stepped back, see algorithm.behind), then
+		// of each epoch-aligned window after it: in (0, W].
+		r := reset - elapsed
+		if r > 0 {
+			return r
+		}
 		w := l.Window.Milliseconds()
-		r := (reset - elapsed) % w
+		r %= w
 		if r <= 0 {
 			r += w
 		}

@@ -34,6 +34,7 @@ func Run(t *testing.T, f Factory) {
 		t.Run("SameKeyTwice/"+alg.String(), func(t *testing.T) { testSameKeyTwice(t, f, alg) })
 		t.Run("Shadow/"+alg.String(), func(t *testing.T) { testShadow(t, f, alg) })
 		t.Run("ChangingRequests/"+alg.String(), func(t *testing.T) { testChangingRequests(t, f, alg) })
+		t.Run("ClockBack/"+alg.String(), func(t *testing.T) { testClockBack(t, f, alg) })
 	}
 	t.Run("AllOrNothing", func(t *testing.T) { testAllOrNothing(t, f) })
 	t.Run("Isolation", func(t *testing.T) { testIsolation(t, f) })
@@ -250,6 +251,29 @@ func testOverCapacity(t *testing.T, f Factory, alg limiter.Algorithm) {
 	h.clock.Advance(l.Window)
 	h.must(req(k, l, l.Capacity()+1))
 	h.must(req(k, l, l.Capacity()))
+}
+
+// testClockBack checks that a clock stepping back across a window edge
+// (an NTP step, a failover to a server whose clock is behind) does not make
+// a counter forget what it counted: a limit filled just after the edge
+// still denies just before it, and then at the edge again.
+func testClockBack(t *testing.T, f Factory, alg limiter.Algorithm) {
+	h := newHarness(t, f)
+	l := limiter.Limit{Algorithm: alg, Requests: 3, Window: time.Second}
+	k := h.key("k")
+	edge := int64(epoch/1000+5) * 1000 // a window edge after the harness's start
+	h.clock.SetMillis(edge + 5)
+	for range l.Requests {
+		if res := h.must(req(k, l, 1)); !res[0].Allowed {
+			t.Fatalf("filling the limit after the edge: %s", fmtRes(res[0]))
+		}
+	}
+	for _, at := range []int64{edge - 5, edge - 1, edge, edge + 5} {
+		h.clock.SetMillis(at)
+		if res := h.must(req(k, l, 1)); res[0].Allowed {
+			t.Fatalf("at edge%+dms, after the limit was filled at edge+5ms: admitted %s", at-edge, fmtRes(res[0]))
+		}
+	}
 }
 
 // testSameKeyTwice checks that two requests on one counter in one batch

@@ -18,6 +18,8 @@ end
 -- decide returns allowed, remaining, reset_ms, retry_ms and, when it admitted
 -- and consumed, the new state.
 function fixed_window.decide(s, now, w, l, cap, c, consume)
+  local step = behind(s[1], now, w)
+  now = now + step
   local b = idiv(now, w)
   local n = 0
   if s[1] == b then
@@ -38,6 +40,10 @@ function fixed_window.decide(s, now, w, l, cap, c, consume)
   local rem = 0
   if n < l then
     rem = l - n
+  end
+  reset = reset + step
+  if retry > 0 then
+    retry = retry + step
   end
   if ok and consume then
     return ok, rem, reset, retry, {b, n, 0}

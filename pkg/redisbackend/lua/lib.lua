@@ -110,6 +110,14 @@ local function fmt_int(x)
   return string.format('%d', x)
 end
 
+-- behind returns how far now is before the start of the stored bucket b of
+-- a window counter: positive when the clock went back across a bucket edge
+-- since the counter was written. The windows then decide at the start of the
+-- stored bucket and add the step to reset and retry (pkg/algorithm.behind).
+local function behind(b, now, w)
+  return math.max(0, b * w - now)
+end
+
 -- A counter of the windows or a token bucket is stored as three integers,
 -- packed as little-endian 64-bit integers (state_format, 24 bytes): parsing
 -- text with a pattern and tonumber cost about eight times as much as

@@ -68,6 +68,8 @@ end
 -- decide returns allowed, remaining, reset_ms, retry_ms and, when it admitted
 -- and consumed, the new state.
 function sliding_window.decide(s, now, w, l, cap, c, consume)
+  local step = behind(s[1], now, w)
+  now = now + step
   local b = idiv(now, w)
   local cur, prev = 0, 0
   if s[1] == b then
@@ -91,10 +93,13 @@ function sliding_window.decide(s, now, w, l, cap, c, consume)
   if cur + pw < l then
     rem = l - cur - pw
   end
-  if ok and consume then
-    return ok, rem, (b + 1) * w - now, retry, {b, cur, prev}
+  if retry > 0 then
+    retry = retry + step
   end
-  return ok, rem, (b + 1) * w - now, retry
+  if ok and consume then
+    return ok, rem, (b + 1) * w - now + step, retry, {b, cur, prev}
+  end
+  return ok, rem, (b + 1) * w - now + step, retry
 end
 
 -- store writes state s, decided at now, over the stored state o.
