@@ -56,18 +56,35 @@ func TestRedisClockIgnoresInstanceClocks(t *testing.T) {
 	}
 }
 
-// TestInjectedSkewedClocksDiverge shows why production uses Redis TIME: two
-// instances whose own clocks differ by 30 s count a 10 s fixed window in
-// different buckets of its one key, each taking the other's count for a
-// stale bucket, so together they admit more than the limit.
-func TestInjectedSkewedClocksDiverge(t *testing.T) {
+// TestInjectedSkewedClocks shows why production uses Redis TIME: two
+// instances whose own clocks differ by 30 s share a 10 s fixed window. The
+// one behind finds the counter in a later bucket than its clock says and
+// decides in that bucket (a clock behind the stored state never makes a
+// counter forget its count), so together they admit the limit, plus what
+// the one behind admitted in its own, earlier window before the one ahead
+// first wrote (usually one or two; with each clock in its own window they
+// would admit twice the limit); and
+// the one behind reports times 30 s too long: a Reset three windows away.
+func TestInjectedSkewedClocks(t *testing.T) {
 	r := testenv.RedisServer(t)
 	t0 := time.UnixMilli(1_767_225_600_000)
 	a := newSingle(t, r, DefaultKeyPrefix, func() time.Time { return t0 })
 	b := newSingle(t, r, DefaultKeyPrefix, func() time.Time { return t0.Add(30 * time.Second) })
 	const limit = 50
-	req := limiter.Request{Key: key(t.Name()), Limit: limiter.Limit{Algorithm: limiter.FixedWindow, Requests: limit, Window: 10 * time.Second}, Hits: 1}
-	if got := admitAll(t, []*Backend{a, b}, req, 10); got <= limit {
-		t.Errorf("skewed instances admitted %d, want more than the limit %d", got, limit)
+	window := 10 * time.Second
+	req := limiter.Request{Key: key(t.Name()), Limit: limiter.Limit{Algorithm: limiter.FixedWindow, Requests: limit, Window: window}, Hits: 1}
+	got := admitAll(t, []*Backend{a, b}, req, 10)
+	if got < limit {
+		t.Errorf("skewed instances admitted %d, want at least the limit %d", got, limit)
+	}
+	t.Logf("admitted %d under a limit of %d", got, limit)
+	res := make([]limiter.Result, 1)
+	probe := req
+	probe.Hits = 0
+	if err := a.Check(context.Background(), []limiter.Request{probe}, res); err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Allowed || res[0].ResetAfter <= window {
+		t.Errorf("the instance behind: %+v, want a denial with a Reset beyond one window", res[0])
 	}
 }
