@@ -7,9 +7,10 @@
 -- Lua numbers are IEEE doubles. Every quantity here is an integer below 2^53
 -- (the Go side rejects limits whose products could exceed it), so sums,
 -- differences and products are exact; quotients are corrected to the exact
--- integer floor/ceil by idiv and cdiv. Numbers are written to Redis with
--- fmt_int ('%d': Lua 5.1 converts to a C long, exact below 2^53 and about
--- twice as fast as '%.0f'), never with tostring (which prints 1e+15 style).
+-- integer floor/ceil by idiv and cdiv. Counters are written packed (see
+-- parse_state); numbers written as text (expiries, log scores) go through
+-- px and fmt_int ('%d': Lua 5.1 converts to a C long, exact below 2^53 and
+-- about twice as fast as '%.0f'), never tostring (which prints 1e+15 style).
 
 -- The library functions used on every call, kept as upvalues: reaching a
 -- global is a table lookup (two for math.floor), an upvalue is not. A Redis
