@@ -116,7 +116,11 @@ end
 -- since the counter was written. The windows then decide at the start of the
 -- stored bucket and add the step to reset and retry (pkg/algorithm.behind).
 local function behind(b, now, w)
-  return math.max(0, b * w - now)
+  local d = b * w - now
+  if d > 0 then
+    return d
+  end
+  return 0
 end
 
 -- A counter of the windows or a token bucket is stored as three integers,
