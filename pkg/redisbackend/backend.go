@@ -468,7 +468,7 @@ func (b *Backend) call(ctx context.Context, reqs []limiter.Request, idx []int, r
 		return 0, false, unavailable(ctx, "check script", err)
 	}
 	if want := replyLen(len(bt.g.keys), alt != nil); len(v) != want {
-		return 0, false, unavailable(ctx, "check script", fmt.Errorf("reply has %d elements, want %d", len(v), want))
+		return 0, false, unavailable(ctx, "check script", fmt.Errorf("reply has %d bytes, want %d", len(v), want))
 	}
 	now, committed, err = decodeReply(v, idx, results, alt)
 	if err != nil {

@@ -274,7 +274,7 @@ func (c *coalescer) send(bt *batch, jobs []*job) {
 	clear(argv)
 	clear(bt.cmd)
 	if err == nil && len(v) != want {
-		err = fmt.Errorf("reply has %d elements, want %d", len(v), want)
+		err = fmt.Errorf("reply has %d bytes, want %d", len(v), want)
 	}
 	for _, j := range live {
 		if err != nil {

@@ -18,9 +18,10 @@ const fieldHitsAddend = 3
 // gives (a test and a fuzz target compare them) with far fewer allocations:
 // the descriptors, the entries and the two slices of pointers to them are
 // four arrays, and the keys and values of every entry are substrings of one
-// copy of b (which is gRPC's buffer, reused once the request is decoded). The domain has a string of its own, because the Service keeps
-// domains (the unknown ones it has logged) and gives them to the Observer;
-// a key or value is handed out only to a DenyObserver, which must copy it.
+// copy of b (which is gRPC's buffer, reused once the request is decoded).
+// The domain has a string of its own, because the Service keeps domains
+// (the unknown ones it has logged) and gives them to the Observer; a key or
+// value is handed out only to a DenyObserver, which must copy it.
 //
 // For anything else (a descriptor's limit override, hits_addend or
 // is_negative_hits, an unknown field, a field of an unexpected wire type,
