@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,17 +23,12 @@ import (
 // redisCPU returns redis-server's CPU time (INFO cpu, user + system).
 func redisCPU(b *testing.B, r *testenv.Redis) time.Duration {
 	b.Helper()
-	info, err := r.Client().Info(context.Background(), "cpu").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
 	var total float64
-	for _, line := range strings.Split(info, "\r\n") {
-		name, v, ok := strings.Cut(line, ":")
-		if ok && (name == "used_cpu_user" || name == "used_cpu_sys") {
+	for name, v := range r.Info(b, "cpu") {
+		if name == "used_cpu_user" || name == "used_cpu_sys" {
 			f, err := strconv.ParseFloat(v, 64)
 			if err != nil {
-				b.Fatalf("INFO cpu %q: %v", line, err)
+				b.Fatalf("INFO cpu %s:%s: %v", name, v, err)
 			}
 			total += f
 		}

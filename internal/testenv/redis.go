@@ -308,18 +308,53 @@ func (r *Redis) Client() *redis.Client {
 	return r.client
 }
 
+// Info returns the fields of one INFO section of the server as name →
+// value ("used_memory" → "1234567"). It fails the test when the server does
+// not answer.
+func (r *Redis) Info(t testing.TB, section string) map[string]string {
+	t.Helper()
+	info, err := r.Client().Info(context.Background(), section).Result()
+	if err != nil {
+		t.Fatalf("testenv: INFO %s of %s: %v", section, r.Addr, err)
+	}
+	fields := map[string]string{}
+	for _, line := range strings.Split(info, "\n") {
+		if name, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok && !strings.HasPrefix(name, "#") {
+			fields[name] = v
+		}
+	}
+	return fields
+}
+
+// InfoInt returns the integer field name of an INFO section; it fails the
+// test when the field is missing or not an integer.
+func (r *Redis) InfoInt(t testing.TB, section, name string) int64 {
+	t.Helper()
+	v, ok := r.Info(t, section)[name]
+	n, err := strconv.ParseInt(v, 10, 64)
+	if !ok || err != nil {
+		t.Fatalf("testenv: INFO %s of %s: field %s = %q (%v)", section, r.Addr, name, v, err)
+	}
+	return n
+}
+
 // CommandCalls returns the server's INFO commandstats as command name
 // (lower case, "config|resetstat" for subcommands) → calls. It fails the
-// test when the server does not answer or the reply cannot be parsed.
+// test when the server does not answer or the section cannot be parsed.
 func (r *Redis) CommandCalls(t testing.TB) map[string]int64 {
 	t.Helper()
-	info, err := r.Client().Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatalf("testenv: INFO commandstats of %s: %v", r.Addr, err)
-	}
-	calls, err := parseCommandStats(info)
-	if err != nil {
-		t.Fatalf("testenv: INFO commandstats of %s: %v", r.Addr, err)
+	calls := map[string]int64{}
+	for name, rest := range r.Info(t, "commandstats") {
+		cmd, ok := strings.CutPrefix(name, "cmdstat_")
+		if !ok {
+			continue
+		}
+		v, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			t.Fatalf("testenv: INFO commandstats of %s: %s:%s: %v", r.Addr, name, rest, err)
+		}
+		calls[cmd] = n
 	}
 	return calls
 }
@@ -332,25 +367,6 @@ func (r *Redis) ScriptCalls(t testing.TB) int64 {
 	t.Helper()
 	c := r.CommandCalls(t)
 	return c["eval"] + c["evalsha"] + c["fcall"] + c["fcall_ro"]
-}
-
-// parseCommandStats parses the lines "cmdstat_<name>:calls=<n>,..." of INFO
-// commandstats.
-func parseCommandStats(info string) (map[string]int64, error) {
-	calls := map[string]int64{}
-	for _, line := range strings.Split(info, "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || !strings.HasPrefix(name, "cmdstat_") {
-			continue
-		}
-		v, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("line %q: %w", line, err)
-		}
-		calls[strings.TrimPrefix(name, "cmdstat_")] = n
-	}
-	return calls, nil
 }
 
 // startLocked starts the process with r.args and waits until it is ready.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -92,23 +91,7 @@ func BenchmarkMemoryPerKey(b *testing.B) {
 	r := testenv.RedisServer(b)
 	c := r.Client()
 	ctx := context.Background()
-	used := func() int64 {
-		info, err := c.Info(ctx, "memory").Result()
-		if err != nil {
-			b.Fatal(err)
-		}
-		for _, l := range strings.Split(info, "\r\n") {
-			if v, ok := strings.CutPrefix(l, "used_memory:"); ok {
-				n, err := strconv.ParseInt(v, 10, 64)
-				if err != nil {
-					b.Fatal(err)
-				}
-				return n
-			}
-		}
-		b.Fatal("INFO memory has no used_memory")
-		return 0
-	}
+	used := func() int64 { return r.InfoInt(b, "memory", "used_memory") }
 	cases := []struct {
 		name    string
 		alg     limiter.Algorithm
