@@ -3,6 +3,8 @@ package redisbackend
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/envoy-rls/envoy-rls/internal/testenv"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+	"github.com/redis/go-redis/v9"
 )
 
 // pauseRedis makes redis-server hold every client's commands for d (CLIENT
@@ -131,7 +134,8 @@ func TestCoalescedCallerDeadline(t *testing.T) {
 }
 
 // TestCoalescerClose: Close while Checks wait behind a Redis pause ends them
-// with limiter.ErrUnavailable, returns, and later Checks fail the same way.
+// (the call in flight by closing its connection) with limiter.ErrUnavailable,
+// returns, and later Checks fail the same way.
 func TestCoalescerClose(t *testing.T) {
 	r := testenv.RedisServer(t)
 	b, err := New(Options{URL: "redis://" + r.Addr, Timeout: -1})
@@ -143,25 +147,35 @@ func TestCoalescerClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Longer than the test needs: only Close ends the callers' wait.
-	pauseRedis(t, r, 3*time.Second)
+	pauseRedis(t, r, 10*time.Second)
 	const callers = 8
 	errs := make(chan error, callers)
-	var started sync.WaitGroup
 	for range callers {
-		started.Add(1)
 		go func() {
-			started.Done()
 			// No deadline: only Close can end this wait.
 			errs <- b.Check(context.Background(), req, make([]limiter.Result, 1))
 		}()
 	}
-	started.Wait()
+	// Close once a call is held by Redis (the warm-up was the first), so
+	// that Close has a call in flight to end, not only callers to turn away.
+	if err := waitFor(func() error {
+		if n := b.CallStats().Calls; n < 2 {
+			return fmt.Errorf("%d calls sent", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	if err := b.Close(); err != nil {
 		t.Errorf("Close: %v", err)
 	}
+	// Ended by Close: a closed connection or a closed Backend, not a
+	// timeout (go-redis's own read timeout would end the call after 3 s).
 	for range callers {
-		if err := <-errs; !errors.Is(err, limiter.ErrUnavailable) {
-			t.Errorf("Check ended by Close = %v, want ErrUnavailable", err)
+		err := <-errs
+		closed := errors.Is(err, net.ErrClosed) || errors.Is(err, redis.ErrClosed) || errors.Is(err, errClosed)
+		if !errors.Is(err, limiter.ErrUnavailable) || !closed {
+			t.Errorf("Check ended by Close = %v, want ErrUnavailable for a closed connection or Backend", err)
 		}
 	}
 	if err := b.Check(context.Background(), req, make([]limiter.Result, 1)); !errors.Is(err, limiter.ErrUnavailable) {
