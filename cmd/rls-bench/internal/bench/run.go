@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -311,7 +312,10 @@ func phase(ctx context.Context, o Options, clients []rlsv3.RateLimitServiceClien
 		start time.Time
 	)
 	if o.Rate > 0 {
-		m.scheduled, start = openLoop(ctx, &o, callers)
+		var err error
+		if m.scheduled, start, err = openLoop(ctx, &o, callers); err != nil {
+			return m, fmt.Errorf("open loop: %w", err)
+		}
 	} else {
 		start = closedLoop(ctx, &o, callers)
 	}
@@ -359,7 +363,7 @@ func closedLoop(ctx context.Context, o *Options, callers []*caller) time.Time {
 // openLoop schedules requests at start + k/Rate and hands each intended time
 // to the first free caller. It returns the number of requests scheduled and
 // the phase's start time.
-func openLoop(ctx context.Context, o *Options, callers []*caller) (int64, time.Time) {
+func openLoop(ctx context.Context, o *Options, callers []*caller) (int64, time.Time, error) {
 	due := make(chan time.Time, len(callers))
 	var wg sync.WaitGroup
 	for _, c := range callers {
@@ -372,15 +376,18 @@ func openLoop(ctx context.Context, o *Options, callers []*caller) (int64, time.T
 			}
 		})
 	}
+	k, start, err := schedule(ctx, o, due)
+	close(due)
+	wg.Wait()
+	return k, start, err
+}
+
+// schedule sends the intended times of an open-loop phase on due until the
+// request budget or the duration is used up or ctx ends.
+func schedule(ctx context.Context, o *Options, due chan<- time.Time) (int64, time.Time, error) {
 	start := o.Now()
 	interval := float64(time.Second) / o.Rate
-	var (
-		k     int64
-		timer = time.NewTimer(time.Hour)
-	)
-	timer.Stop()
-	defer timer.Stop()
-schedule:
+	var k int64
 	for ; ctx.Err() == nil; k++ {
 		if o.Requests > 0 && k >= o.Requests {
 			break
@@ -389,21 +396,21 @@ schedule:
 		if o.Requests == 0 && intended.Sub(start) >= o.Duration {
 			break
 		}
-		if wait := intended.Sub(o.Now()); wait > 0 {
-			timer.Reset(wait)
-			select {
-			case <-timer.C:
-			case <-ctx.Done():
-				break schedule
+		if err := sleepUntil(ctx, o.Now, intended); err != nil {
+			if ctx.Err() != nil {
+				break // the phase reports ctx.Err()
 			}
+			return k, start, err
 		}
 		select {
 		case due <- intended:
+			// Let the caller that took it send now, on this thread,
+			// rather than wake another thread for it while this one
+			// goes back to sleep in the kernel.
+			runtime.Gosched()
 		case <-ctx.Done():
-			break schedule
+			return k, start, nil
 		}
 	}
-	close(due)
-	wg.Wait()
-	return k, start
+	return k, start, nil
 }
