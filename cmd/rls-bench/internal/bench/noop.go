@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
 )
 
 // NoopServer is a RateLimitService v3 server that does no work: it answers
@@ -43,6 +44,9 @@ func StartNoop(addr string) (*NoopServer, error) {
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(s.srv, hs)
+	// Reflection lets other tools (grpcurl, ghz) call it without .proto
+	// files, so it can be the ceiling of their runs too.
+	reflection.Register(s.srv)
 	go func() {
 		defer close(s.done)
 		if err := s.srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
