@@ -108,7 +108,7 @@ end
 
 -- fmt_int formats an integral number without exponent or fraction.
 local function fmt_int(x)
-  return string.format('%d', x)
+  return format('%d', x)
 end
 
 -- behind returns how far now is before the start of the stored bucket b of

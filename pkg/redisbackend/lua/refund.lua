@@ -15,12 +15,12 @@
 
 bind_globals()
 local now = tonumber(ARGV[1])
-local algs = {[0] = sliding_window, [1] = fixed_window, [2] = token_bucket, [3] = sliding_log}
 for i = 1, #KEYS do
   local a, w, l, c = string.match(ARGV[1 + i], '^(%d) (%d+) (%d+) (%d+)$')
-  if not a or not algs[tonumber(a)] then
+  local m = a and algs[tonumber(a)] -- algs: algorithms.lua
+  if not m then
     return redis.error_reply('ERR envoy-rls refund: malformed request ' .. i)
   end
-  algs[tonumber(a)].refund(KEYS[i], tonumber(w), tonumber(c), tonumber(l), now)
+  m.refund(KEYS[i], tonumber(w), tonumber(c), tonumber(l), now)
 end
 return #KEYS

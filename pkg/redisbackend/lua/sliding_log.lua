@@ -9,8 +9,9 @@
 -- should one clash). Hits at or before now−W are trimmed when the set is
 -- written; the key expires W after its newest hit. KEYS, ARGV: none of its
 -- own; the driver passes the key. State table: {key, n = stored hits later
--- than now−W, added = tentative hits of this batch at now}. Stored hits are counted and located with ZCOUNT and
--- ZRANGE BYSCORE ... LIMIT, never loaded whole.
+-- than now−W, added = tentative hits of this batch at now}. Stored hits are
+-- counted and located with ZCOUNT and ZRANGE BYSCORE ... LIMIT, never loaded
+-- whole.
 
 -- The log is not a string: the driver does not read it with MGET (v is
 -- always false here); load counts it.
