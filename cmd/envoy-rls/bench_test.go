@@ -23,15 +23,14 @@ import (
 // redisCPU returns redis-server's CPU time (INFO cpu, user + system).
 func redisCPU(b *testing.B, r *testenv.Redis) time.Duration {
 	b.Helper()
+	info := r.Info(b, "cpu")
 	var total float64
-	for name, v := range r.Info(b, "cpu") {
-		if name == "used_cpu_user" || name == "used_cpu_sys" {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				b.Fatalf("INFO cpu %s:%s: %v", name, v, err)
-			}
-			total += f
+	for _, name := range []string{"used_cpu_user", "used_cpu_sys"} {
+		f, err := strconv.ParseFloat(info[name], 64)
+		if err != nil {
+			b.Fatalf("INFO cpu %s = %q: %v", name, info[name], err)
 		}
+		total += f
 	}
 	return time.Duration(total * float64(time.Second))
 }
@@ -70,13 +69,6 @@ func BenchmarkShouldRateLimitRedis(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	d := func(kv ...string) *commonrl.RateLimitDescriptor {
-		out := &commonrl.RateLimitDescriptor{}
-		for i := 0; i < len(kv); i += 2 {
-			out.Entries = append(out.Entries, &commonrl.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
-		}
-		return out
-	}
 	// Requests over 100,000 indexes, built before the clock runs.
 	const n = 100_000
 	shapes := []struct {
@@ -84,15 +76,15 @@ func BenchmarkShouldRateLimitRedis(b *testing.B) {
 		descs func(i int) []*commonrl.RateLimitDescriptor
 	}{
 		{"1desc", func(i int) []*commonrl.RateLimitDescriptor {
-			return []*commonrl.RateLimitDescriptor{d("remote_address", "10."+strconv.Itoa(i))}
+			return []*commonrl.RateLimitDescriptor{desc("remote_address", "10."+strconv.Itoa(i))}
 		}},
 		{"3desc", func(i int) []*commonrl.RateLimitDescriptor {
-			return []*commonrl.RateLimitDescriptor{d("remote_address", "10."+strconv.Itoa(i)),
-				d("tenant", "t"+strconv.Itoa(i%100), "user", "u"+strconv.Itoa(i)), d("route", "/api/r"+strconv.Itoa(i%20))}
+			return []*commonrl.RateLimitDescriptor{desc("remote_address", "10."+strconv.Itoa(i)),
+				desc("tenant", "t"+strconv.Itoa(i%100), "user", "u"+strconv.Itoa(i)), desc("route", "/api/r"+strconv.Itoa(i%20))}
 		}},
 		{"4limits", func(i int) []*commonrl.RateLimitDescriptor {
-			return []*commonrl.RateLimitDescriptor{d("remote_address", "10."+strconv.Itoa(i)),
-				d("plan", "p"+strconv.Itoa(i%10), "user", "u"+strconv.Itoa(i)), d("route", "/api/r"+strconv.Itoa(i%20))}
+			return []*commonrl.RateLimitDescriptor{desc("remote_address", "10."+strconv.Itoa(i)),
+				desc("plan", "p"+strconv.Itoa(i%10), "user", "u"+strconv.Itoa(i)), desc("route", "/api/r"+strconv.Itoa(i%20))}
 		}},
 	}
 	for _, shape := range shapes {

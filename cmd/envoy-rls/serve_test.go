@@ -70,7 +70,7 @@ func startServe(t *testing.T, o serveOptions) *running {
 	return r
 }
 
-func writeFile(t testing.TB, path, content string) {
+func writeFile(t *testing.T, path, content string) {
 	t.Helper()
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {

@@ -8,10 +8,6 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
-// fieldHitsAddend is the number of RateLimitRequest.hits_addend, a uint32
-// (the other field numbers decodeRequest reads are at findInvalidUTF8).
-const fieldHitsAddend = 3
-
 // decodeRequest decodes b into req when b is a request of the usual shape:
 // a domain, descriptors made of entries only, and a hits_addend, with every
 // string valid UTF-8 and no other field. req then holds what proto.Unmarshal

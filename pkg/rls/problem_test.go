@@ -12,7 +12,7 @@ import (
 )
 
 // referenceProblemBody is the problem+json body as encoding/json renders
-// it: problemBody must write the same bytes.
+// it: appendProblemBody must write the same bytes.
 func referenceProblemBody(t testing.TB, name string, l limiter.Limit, retry int64) []byte {
 	b, err := json.Marshal(problem{
 		Type:       "about:blank",
@@ -69,14 +69,14 @@ func TestProblemBodyMatchesEncodingJSON(t *testing.T) {
 	for i, name := range jsonStrings(rng) {
 		l := limiter.Limit{Requests: rng.Uint64N(1 << uint(rng.IntN(64))), Window: windows[i%len(windows)]}
 		retry := rng.Int64N(1 << uint(rng.IntN(40)))
-		if got, want := problemBody(name, l, retry), referenceProblemBody(t, name, l, retry); !bytes.Equal(got, want) {
-			t.Fatalf("problemBody(%q, %+v, %d) =\n %s\nencoding/json:\n %s", name, l, retry, got, want)
+		if got, want := appendProblemBody(nil, name, l, retry), referenceProblemBody(t, name, l, retry); !bytes.Equal(got, want) {
+			t.Fatalf("appendProblemBody(%q, %+v, %d) =\n %s\nencoding/json:\n %s", name, l, retry, got, want)
 		}
 	}
 	// A long name does not fit the stack buffers.
 	long := string(bytes.Repeat([]byte("<ab\"c>"), 300))
 	l := limiter.Limit{Requests: 7, Window: time.Minute}
-	if got, want := problemBody(long, l, 3), referenceProblemBody(t, long, l, 3); !bytes.Equal(got, want) {
+	if got, want := appendProblemBody(nil, long, l, 3), referenceProblemBody(t, long, l, 3); !bytes.Equal(got, want) {
 		t.Fatalf("long name: %s\nwant %s", got, want)
 	}
 }
@@ -86,8 +86,8 @@ func FuzzProblemBody(f *testing.F) {
 	f.Add("a\"<\u2028\xff", uint64(0), int64(1), int64(0))
 	f.Fuzz(func(t *testing.T, name string, requests uint64, windowMs, retry int64) {
 		l := limiter.Limit{Requests: requests, Window: time.Duration(windowMs) * time.Millisecond}
-		if got, want := problemBody(name, l, retry), referenceProblemBody(t, name, l, retry); !bytes.Equal(got, want) {
-			t.Fatalf("problemBody(%q, %+v, %d) =\n %s\nencoding/json:\n %s", name, l, retry, got, want)
+		if got, want := appendProblemBody(nil, name, l, retry), referenceProblemBody(t, name, l, retry); !bytes.Equal(got, want) {
+			t.Fatalf("appendProblemBody(%q, %+v, %d) =\n %s\nencoding/json:\n %s", name, l, retry, got, want)
 		}
 	})
 }

@@ -465,7 +465,7 @@ type problem struct {
 	RetryAfter int64 `json:"retry_after"`
 }
 
-// problemBody renders the problem+json body, for example
+// appendProblemBody appends the problem+json body to dst, for example
 //
 //	{"type":"about:blank","title":"Too Many Requests","status":429,
 //	 "detail":"rate limit \"per_ip\" (120 per 1m0s) exceeded; retry after 42 s",
@@ -473,12 +473,6 @@ type problem struct {
 //
 // It writes the bytes json.Marshal writes for the problem struct (a test
 // checks it) without reflection: every OVER_LIMIT answer has a body.
-func problemBody(name string, l limiter.Limit, retry int64) []byte {
-	var buf [512]byte
-	return bytes.Clone(appendProblemBody(buf[:0], name, l, retry))
-}
-
-// appendProblemBody appends the problem+json body (see problemBody) to dst.
 func appendProblemBody(dst []byte, name string, l limiter.Limit, retry int64) []byte {
 	b := append(dst, `{"type":"about:blank","title":"Too Many Requests","status":429,"detail":`...)
 	window := l.Window.String()

@@ -158,7 +158,7 @@ func shouldRateLimitHandler(srv any, ctx context.Context, dec func(any) error, i
 //     the fewest remaining hits (the first one on a tie).
 //
 // The overall code is OVER_LIMIT iff an enforced limit denied. Response
-// headers, body and metadata are described at HeaderMode, problemBody and
+// headers, body and metadata are described at HeaderMode, appendProblemBody and
 // metadata. The metadata is encoded in the response's unknown fields, not
 // set as DynamicMetadata (see respond): it reaches the wire as the
 // dynamic_metadata field, and callers in the process read it with Metadata.

@@ -167,6 +167,7 @@ func decodeError(b []byte, err error) error {
 const (
 	fieldDomain      = 1 // RateLimitRequest.domain
 	fieldDescriptors = 2 // RateLimitRequest.descriptors
+	fieldHitsAddend  = 3 // RateLimitRequest.hits_addend, a uint32
 	fieldEntries     = 1 // RateLimitDescriptor.entries
 	fieldKey         = 1 // Entry.key
 	fieldValue       = 2 // Entry.value
