@@ -319,7 +319,7 @@ func (r *Redis) Info(t testing.TB, section string) map[string]string {
 	}
 	fields := map[string]string{}
 	for _, line := range strings.Split(info, "\n") {
-		if name, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok && !strings.HasPrefix(name, "#") {
+		if name, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok { // "# Section" lines have no colon
 			fields[name] = v
 		}
 	}

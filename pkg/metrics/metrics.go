@@ -62,7 +62,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		}),
 		storeDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "envoy_rls_store_duration_seconds",
-			Help:    "Time of one call to the shared store (one Redis round trip per request, one per hash slot in Cluster mode), successful or not.",
+			Help:    "Time one request waited for the shared store, successful or not: its Redis round trip, including the wait for a coalesced call (Cluster: its slots' calls).",
 			Buckets: latencyBuckets,
 		}),
 		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -128,11 +128,8 @@ func newBackend(c redis.UniversalClient, opts Options) (*Backend, error) {
 	b.flags = [2]any{"0 " + slack, "1 " + slack}
 	b.cluster, _ = c.(*redis.ClusterClient)
 	b.scratch.New = func() any { return new(batch) }
-	if b.cluster == nil && opts.Senders >= 0 {
-		senders, maxBatch := opts.Senders, opts.MaxBatch
-		if senders == 0 {
-			senders = DefaultSenders
-		}
+	if senders := opts.senders(); b.cluster == nil && senders > 0 {
+		maxBatch := opts.MaxBatch
 		if maxBatch == 0 {
 			maxBatch = DefaultMaxBatch
 		}
@@ -269,13 +266,11 @@ func (b *Backend) deadline(ctx context.Context) time.Time {
 
 // bound applies b.timeout to ctx unless ctx already ends sooner.
 func (b *Backend) bound(ctx context.Context) (context.Context, context.CancelFunc) {
-	if b.timeout <= 0 {
+	dl := b.deadline(ctx)
+	if cur, ok := ctx.Deadline(); dl.IsZero() || ok && !dl.Before(cur) {
 		return ctx, func() {}
 	}
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= b.timeout {
-		return ctx, func() {}
-	}
-	return context.WithTimeout(ctx, b.timeout)
+	return context.WithDeadline(ctx, dl)
 }
 
 // validate checks the arguments of Check.

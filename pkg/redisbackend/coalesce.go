@@ -42,6 +42,14 @@ import (
 // reports limiter.ErrUnavailable; its group may still be decided (and
 // counted) by a call already sent, as with a reply lost on the network. A
 // group whose deadline has passed before its call is built is not sent.
+//
+// Shared fate: a call that fails (its earliest deadline passes, the
+// connection breaks, or the script errs on one group, e.g. WRONGTYPE on a
+// key another program wrote) fails every Check it carried with
+// limiter.ErrUnavailable, and each is answered by its rule's failure mode;
+// groups the script decided before the error keep what they counted, as
+// with a lost reply. Never an over-admission: at worst hits counted for
+// callers who were told the store failed.
 
 // Defaults of the coalescing options.
 const (

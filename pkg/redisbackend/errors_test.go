@@ -9,6 +9,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"math/big"
 	"os"
 	"path/filepath"
@@ -38,7 +39,10 @@ func TestOptionsValidation(t *testing.T) {
 		{"brace prefix", Options{URL: "redis://x:1", KeyPrefix: "a{b}:"}, []string{"--redis.key-prefix"}},
 		{"negative pool", Options{URL: "redis://x:1", PoolSize: -1}, []string{"--redis.pool-size -1 is negative"}},
 		{"negative batch", Options{URL: "redis://x:1", MaxBatch: -1}, []string{"--redis.max-batch -1 is negative"}},
-		{"senders over pool", Options{URL: "redis://x:1", PoolSize: 2, Senders: 3}, []string{"--redis.senders 3 exceeds --redis.pool-size 2"}},
+		{"senders over pool", Options{URL: "redis://x:1", PoolSize: 2, Senders: 3}, []string{"--redis.senders 3 leaves no connection of --redis.pool-size 2"}},
+		{"senders fill pool", Options{URL: "redis://x:1", PoolSize: 2, Senders: 2}, []string{"--redis.senders 2 leaves no connection of --redis.pool-size 2"}},
+		{"default senders fill pool", Options{URL: "redis://x:1", PoolSize: DefaultSenders}, []string{fmt.Sprintf("--redis.senders %d leaves no connection", DefaultSenders)}},
+		{"senders below pool", Options{URL: "redis://x:1", PoolSize: 3, Senders: 2}, nil},
 		{"senders off", Options{URL: "redis://x:1", PoolSize: 2, Senders: -1}, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {

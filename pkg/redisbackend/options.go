@@ -134,10 +134,24 @@ func (o *Options) validate() (topology, error) {
 	if o.MaxBatch < 0 {
 		errs = append(errs, fmt.Errorf("--redis.max-batch %d is negative", o.MaxBatch))
 	}
-	if o.PoolSize > 0 && o.Senders > o.PoolSize {
-		errs = append(errs, fmt.Errorf("--redis.senders %d exceeds --redis.pool-size %d: every sender needs a connection", o.Senders, o.PoolSize))
+	// Each sender keeps a connection of the pool for as long as it runs;
+	// FUNCTION LOAD, Ping and the heartbeat need one more.
+	if n := o.senders(); topo != topoCluster && o.PoolSize > 0 && n >= o.PoolSize {
+		errs = append(errs, fmt.Errorf("--redis.senders %d leaves no connection of --redis.pool-size %d for the other calls (function loads, pings, heartbeats): the pool must be larger than the senders", n, o.PoolSize))
 	}
 	return topo, errors.Join(errs...)
+}
+
+// senders returns the number of coalescing senders o asks for: Senders,
+// DefaultSenders for 0, none when coalescing is off.
+func (o *Options) senders() int {
+	switch {
+	case o.Senders < 0:
+		return 0
+	case o.Senders == 0:
+		return DefaultSenders
+	}
+	return o.Senders
 }
 
 // validatePrefix rejects a key prefix that would take over the hash tag.

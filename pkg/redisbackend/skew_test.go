@@ -57,14 +57,13 @@ func TestRedisClockIgnoresInstanceClocks(t *testing.T) {
 }
 
 // TestInjectedSkewedClocks shows why production uses Redis TIME: two
-// instances whose own clocks differ by 30 s share a 10 s fixed window. The
-// one behind finds the counter in a later bucket than its clock says and
-// decides in that bucket (a clock behind the stored state never makes a
-// counter forget its count), so together they admit the limit, plus what
-// the one behind admitted in its own, earlier window before the one ahead
-// first wrote (usually one or two; with each clock in its own window they
-// would admit twice the limit); and
-// the one behind reports times 30 s too long: a Reset three windows away.
+// instances whose own clocks differ by 30 s share a 10 s fixed window.
+// When the one ahead writes first, the one behind finds the counter in a
+// later bucket than its clock says and decides in that bucket (a clock
+// behind the stored state never makes a counter forget its count): together
+// they admit the limit, and the one behind reports times 30 s too long, a
+// Reset three windows away. When the one behind writes first, each counts
+// in its own window and together they admit twice the limit.
 func TestInjectedSkewedClocks(t *testing.T) {
 	r := testenv.RedisServer(t)
 	t0 := time.UnixMilli(1_767_225_600_000)
@@ -72,12 +71,25 @@ func TestInjectedSkewedClocks(t *testing.T) {
 	b := newSingle(t, r, DefaultKeyPrefix, func() time.Time { return t0.Add(30 * time.Second) })
 	const limit = 50
 	window := 10 * time.Second
-	req := limiter.Request{Key: key(t.Name()), Limit: limiter.Limit{Algorithm: limiter.FixedWindow, Requests: limit, Window: window}, Hits: 1}
-	got := admitAll(t, []*Backend{a, b}, req, 10)
-	if got < limit {
-		t.Errorf("skewed instances admitted %d, want at least the limit %d", got, limit)
+	limitOf := func(name string) limiter.Request {
+		return limiter.Request{Key: key(t.Name() + name), Limit: limiter.Limit{Algorithm: limiter.FixedWindow, Requests: limit, Window: window}, Hits: 1}
 	}
-	t.Logf("admitted %d under a limit of %d", got, limit)
+
+	behindFirst := limitOf("/behind-first")
+	if got := admitAll(t, []*Backend{a}, behindFirst, 10); got != limit {
+		t.Errorf("the instance behind, first: admitted %d, want %d", got, limit)
+	}
+	if got := admitAll(t, []*Backend{b}, behindFirst, 10); got != limit {
+		t.Errorf("the instance ahead, after it: admitted %d, want another %d (its own window)", got, limit)
+	}
+
+	req := limitOf("/ahead-first")
+	if got := admitAll(t, []*Backend{b}, req, 10); got != limit {
+		t.Errorf("the instance ahead, first: admitted %d, want %d", got, limit)
+	}
+	if got := admitAll(t, []*Backend{a}, req, 10); got != 0 {
+		t.Errorf("the instance behind, after it: admitted %d, want 0 (it decides in the later bucket)", got)
+	}
 	res := make([]limiter.Result, 1)
 	probe := req
 	probe.Hits = 0
