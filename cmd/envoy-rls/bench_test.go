@@ -20,21 +20,6 @@ import (
 	"github.com/envoy-rls/envoy-rls/pkg/rls"
 )
 
-// redisCPU returns redis-server's CPU time (INFO cpu, user + system).
-func redisCPU(b *testing.B, r *testenv.Redis) time.Duration {
-	b.Helper()
-	info := r.Info(b, "cpu")
-	var total float64
-	for _, name := range []string{"used_cpu_user", "used_cpu_sys"} {
-		f, err := strconv.ParseFloat(info[name], 64)
-		if err != nil {
-			b.Fatalf("INFO cpu %s = %q: %v", name, info[name], err)
-		}
-		total += f
-	}
-	return time.Duration(total * float64(time.Second))
-}
-
 // BenchmarkShouldRateLimitRedis measures one request through the stack serve
 // builds on Redis (deny cache, fail-soft, store timing, the Redis backend
 // with coalescing) against a real redis-server, without gRPC: time and
@@ -109,7 +94,7 @@ func BenchmarkShouldRateLimitRedis(b *testing.B) {
 			b.Run(name, func(b *testing.B) {
 				call(b, 0) // connect and load the library
 				b.ReportAllocs()
-				cpu := redisCPU(b, r)
+				cpu := r.CPU(b)
 				b.ResetTimer()
 				if parallel {
 					b.SetParallelism(8)
@@ -127,7 +112,7 @@ func BenchmarkShouldRateLimitRedis(b *testing.B) {
 					}
 				}
 				b.StopTimer()
-				b.ReportMetric(float64((redisCPU(b, r)-cpu).Microseconds())/float64(b.N), "redis-cpu-µs/op")
+				b.ReportMetric(float64((r.CPU(b)-cpu).Microseconds())/float64(b.N), "redis-cpu-µs/op")
 			})
 		}
 	}

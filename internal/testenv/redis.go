@@ -338,6 +338,22 @@ func (r *Redis) InfoInt(t testing.TB, section, name string) int64 {
 	return n
 }
 
+// CPU returns the server's CPU time so far (INFO cpu, used_cpu_user plus
+// used_cpu_sys); it fails the test when a field is missing or malformed.
+func (r *Redis) CPU(t testing.TB) time.Duration {
+	t.Helper()
+	info := r.Info(t, "cpu")
+	var total float64
+	for _, name := range []string{"used_cpu_user", "used_cpu_sys"} {
+		f, err := strconv.ParseFloat(info[name], 64)
+		if err != nil {
+			t.Fatalf("testenv: INFO cpu of %s: field %s = %q: %v", r.Addr, name, info[name], err)
+		}
+		total += f
+	}
+	return time.Duration(total * float64(time.Second))
+}
+
 // CommandCalls returns the server's INFO commandstats as command name
 // (lower case, "config|resetstat" for subcommands) → calls. It fails the
 // test when the server does not answer or the section cannot be parsed.
