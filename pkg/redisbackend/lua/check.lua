@@ -70,6 +70,14 @@ local out = presized(2 * (#ARGV - 1 - #KEYS) + stride * #KEYS)
 local o = 0 -- the last index written in out
 local a = 2 -- the index in ARGV of the next group header
 local k0 = 0 -- the index in KEYS before the next group's first key
+-- Scratch of the group being decided, indexed by a request's position i in
+-- it and reused by every group of the call: specs[i] its parsed spec,
+-- first[i] the position of the group's first request on the same counter
+-- (the counter's slot), and by slot orig (the state as stored) and cur (the
+-- tentative state, false while untouched); slot maps a key to its slot
+-- while the group is decided.
+local specs, first, orig, cur, slot = {}, {}, {}, {}, {}
+local ks, kslot = {}, {}
 
 while a <= #ARGV do
   -- The header: "<n>" (Redis TIME), or "<n> <now>".
@@ -92,12 +100,10 @@ while a <= #ARGV do
     now = time_now
   end
 
-  -- Parse the specs and read every counter of the group that is a string
-  -- with one MGET.
-  local specs = {}
-  local orig = {} -- key -> state as stored
-  local ks = {}   -- the distinct keys of string counters, first use order
-  local at = {}   -- key -> its index in ks (0: not a string counter)
+  -- Parse the specs; find each request's counter, the first request of
+  -- the group on the same key (the counter's slot: first[i]); read the
+  -- string counters with one MGET.
+  local nread = 0 -- string counters to read: their keys ks[1..nread], slots kslot[1..nread]
   for i = 1, n do
     local p = parse_spec(ARGV[a + i])
     if not p then
@@ -105,46 +111,42 @@ while a <= #ARGV do
     end
     specs[i] = p
     local key = KEYS[k0 + i]
-    if not at[key] then
+    local f = slot[key]
+    if not f then
+      f = i
+      slot[key] = i
+      cur[i] = false
       if p[1].string_state then
-        ks[#ks + 1] = key
-        at[key] = #ks
+        nread = nread + 1
+        ks[nread], kslot[nread] = key, i
       else
-        at[key] = 0
-        orig[key] = p[1].load(key, p[2], now, false)
+        orig[i] = p[1].load(key, p[2], now, false)
       end
     end
+    first[i] = f
   end
-  if #ks > 0 then
-    local vals = rcall('MGET', unpack_list(ks))
-    for i = 1, n do
-      local p, key = specs[i], KEYS[k0 + i]
-      if orig[key] == nil then
-        orig[key] = p[1].load(key, p[2], now, vals[at[key]])
-      end
+  if nread > 0 then
+    local vals = rcall('MGET', unpack_list(ks, 1, nread))
+    for j = 1, nread do
+      local i = kslot[j]
+      local p = specs[i]
+      orig[i] = p[1].load(ks[j], p[2], now, vals[j])
     end
   end
 
-  local cur = {}   -- key -> tentative state within this group
-  local dirty = {} -- key, module, window of each counter to write, flat, first use order
   local veto = false
   out[o + 1], out[o + 2] = now, 0
   for i = 1, n do
-    local p = specs[i]
+    local p, f = specs[i], first[i]
     local m, w, l, cap, h = p[1], p[2], p[3], p[4], p[5]
-    local key = KEYS[k0 + i]
-    local s = cur[key] or orig[key]
+    local s = cur[f] or orig[f]
     local c, consume = h, h > 0
     if h == 0 then
       c = 1
     end
     local ok, rem, reset, retry, ns = m.decide(s, now, w, l, cap, c, consume)
     if ok and consume then
-      if not cur[key] then
-        local d = #dirty
-        dirty[d + 1], dirty[d + 2], dirty[d + 3] = key, m, w
-      end
-      cur[key] = ns
+      cur[f] = ns
     end
     if not ok and not p[6] then
       veto = true
@@ -164,7 +166,7 @@ while a <= #ARGV do
     -- Figures without consumption: a check of one hit on the stored state.
     for i = 1, n do
       local p = specs[i]
-      local _, rem, reset = p[1].decide(orig[KEYS[k0 + i]], now, p[2], p[3], p[4], 1, false)
+      local _, rem, reset = p[1].decide(orig[first[i]], now, p[2], p[3], p[4], 1, false)
       local j = o + 2 + (i - 1) * stride
       if veto then
         out[j + 2], out[j + 3] = rem, reset
@@ -175,11 +177,15 @@ while a <= #ARGV do
     end
   end
 
-  if not veto then
-    for d = 1, #dirty, 3 do
-      local key = dirty[d]
-      dirty[d + 1].store(key, dirty[d + 2], cur[key], orig[key], now)
+  for i = 1, n do
+    local key = KEYS[k0 + i]
+    if not veto and first[i] == i and cur[i] then
+      local p = specs[i]
+      p[1].store(key, p[2], cur[i], orig[i], now)
     end
+    slot[key] = nil
+  end
+  if not veto then
     out[o + 2] = 1
   end
   o = o + 2 + n * stride
