@@ -12,6 +12,8 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"runtime/debug"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -45,6 +47,8 @@ type serveOptions struct {
 	logFormat      string
 	drainTimeout   time.Duration
 	nearLimit      float64
+	gcPercent      int
+	gcPercentGiven bool // on the command line or in its ENVOY_RLS_ variable
 	store          storeOptions
 	debug          debugOptions
 }
@@ -65,6 +69,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.logFormat, "log.format", "text", "log format: text or json")
 	fs.Float64Var(&o.nearLimit, "metrics.near-limit-ratio", 0.8, "used fraction of a limit from which an admitted request counts in envoy_rls_near_limit_total (0 disables it)")
 	fs.DurationVar(&o.drainTimeout, "shutdown.drain-timeout", 10*time.Second, "how long a graceful stop waits for in-flight requests")
+	fs.IntVar(&o.gcPercent, "runtime.gc-percent", defaultGCPercent, "the Go garbage collector's GOGC: heap growth, in percent of the live heap, that starts a collection (1 or more); when the GOGC variable is set and this flag is not given, GOGC applies")
 	o.store.register(fs)
 	o.debug.register(fs)
 	fs.Usage = usageWithEnv(fs, "envoy-rls [serve] [flags]")
@@ -83,7 +88,30 @@ func parseServeFlags(args []string, stderr io.Writer, lookupEnv func(string) (st
 	if err := applyEnv(fs, lookupEnv); err != nil {
 		return o, usageError{msg: err.Error()}
 	}
+	fs.Visit(func(f *flag.Flag) { o.gcPercentGiven = o.gcPercentGiven || f.Name == "runtime.gc-percent" })
 	return o, nil
+}
+
+// defaultGCPercent is --runtime.gc-percent's default. envoy-rls keeps a few
+// MB live and allocates on every request, so at Go's default GOGC of 100 it
+// collects dozens of times a second under load; at 400 it collects a sixth
+// as often for about 10 MB more memory and about a tenth less CPU per
+// request (README, Performance).
+const defaultGCPercent = 400
+
+// applyGCPercent sets the collector's GOGC through set (debug.SetGCPercent)
+// from --runtime.gc-percent, unless the GOGC variable is set and the flag
+// was not given: Go has applied GOGC at start and it is left alone. It
+// returns the GOGC in effect and where it came from, for the log.
+func applyGCPercent(o serveOptions, lookupEnv func(string) (string, bool), set func(int) int) (gogc, from string, err error) {
+	if o.gcPercent < 1 {
+		return "", "", usageError{msg: fmt.Sprintf("--runtime.gc-percent %d: must be 1 or more (GOGC=off, with GOMEMLIMIT, is for the GOGC variable)", o.gcPercent)}
+	}
+	if env, ok := lookupEnv("GOGC"); ok && !o.gcPercentGiven {
+		return env, "the GOGC variable", nil
+	}
+	set(o.gcPercent)
+	return strconv.Itoa(o.gcPercent), "--runtime.gc-percent", nil
 }
 
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
@@ -110,6 +138,11 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, lookupEnv f
 	if err != nil {
 		return usageError{msg: err.Error()}
 	}
+	gogc, from, err := applyGCPercent(o, lookupEnv, debug.SetGCPercent)
+	if err != nil {
+		return err
+	}
+	log.Info("garbage collector", "gogc", gogc, "from", from)
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)

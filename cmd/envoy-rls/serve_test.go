@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -265,5 +266,50 @@ func TestServeRejectsNegativeStreamWorkers(t *testing.T) {
 	err := serve(context.Background(), serveOptions{configDir: dir, headers: "ietf", grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0", grpcWorkers: -1}, log, nil, nil)
 	if err == nil || !strings.Contains(err.Error(), "--grpc.stream-workers") {
 		t.Fatalf("serve with --grpc.stream-workers -1: %v, want an error naming the flag", err)
+	}
+}
+
+// TestGCPercent: --runtime.gc-percent sets GOGC (its default too) unless the
+// GOGC variable is set and the flag was not given; a flag given on the
+// command line or in ENVOY_RLS_RUNTIME_GC_PERCENT wins over GOGC; values
+// below 1 are refused with the flag's name, before anything is set.
+func TestGCPercent(t *testing.T) {
+	cases := []struct {
+		name     string
+		args     []string
+		env      map[string]string
+		wantSet  int // 0: not set
+		wantGOGC string
+		wantErr  string
+	}{
+		{name: "default", wantSet: defaultGCPercent, wantGOGC: strconv.Itoa(defaultGCPercent)},
+		{name: "flag", args: []string{"--runtime.gc-percent", "250"}, wantSet: 250, wantGOGC: "250"},
+		{name: "GOGC", env: map[string]string{"GOGC": "150"}, wantGOGC: "150"},
+		{name: "flag over GOGC", args: []string{"--runtime.gc-percent", "300"}, env: map[string]string{"GOGC": "150"}, wantSet: 300, wantGOGC: "300"},
+		{name: "variable over GOGC", env: map[string]string{"GOGC": "150", "ENVOY_RLS_RUNTIME_GC_PERCENT": "350"}, wantSet: 350, wantGOGC: "350"},
+		{name: "zero", args: []string{"--runtime.gc-percent", "0"}, wantErr: "--runtime.gc-percent 0: must be 1 or more"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			lookup := func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }
+			o, err := parseServeFlags(tc.args, io.Discard, lookup)
+			if err != nil {
+				t.Fatalf("parse: %v", err)
+			}
+			set := 0
+			gogc, from, err := applyGCPercent(o, lookup, func(p int) int { set = p; return 100 })
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || set != 0 {
+					t.Fatalf("err = %v, set %d; want an error containing %q and nothing set", err, set, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if set != tc.wantSet || gogc != tc.wantGOGC || from == "" {
+				t.Errorf("set %d, GOGC %q from %q; want set %d, GOGC %q", set, gogc, from, tc.wantSet, tc.wantGOGC)
+			}
+		})
 	}
 }
