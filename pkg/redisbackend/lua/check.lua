@@ -71,12 +71,12 @@ local o = 0 -- the last index written in out
 local a = 2 -- the index in ARGV of the next group header
 local k0 = 0 -- the index in KEYS before the next group's first key
 -- Scratch of the group being decided, indexed by a request's position i in
--- it and reused by every group of the call: specs[i] its parsed spec,
+-- it and reused by every group of the call: parsed[i] its parsed spec,
 -- first[i] the position of the group's first request on the same counter
 -- (the counter's slot), and by slot orig (the state as stored) and cur (the
 -- tentative state, false while untouched); slot maps a key to its slot
 -- while the group is decided.
-local specs, first, orig, cur, slot = {}, {}, {}, {}, {}
+local parsed, first, orig, cur, slot = {}, {}, {}, {}, {}
 local ks, kslot = {}, {}
 
 while a <= #ARGV do
@@ -109,7 +109,7 @@ while a <= #ARGV do
     if not p then
       return redis.error_reply('ERR envoy-rls check: malformed request spec at ARGV[' .. (a + i) .. ']')
     end
-    specs[i] = p
+    parsed[i] = p
     local key = KEYS[k0 + i]
     local f = slot[key]
     if not f then
@@ -129,7 +129,7 @@ while a <= #ARGV do
     local vals = rcall('MGET', unpack_list(ks, 1, nread))
     for j = 1, nread do
       local i = kslot[j]
-      local p = specs[i]
+      local p = parsed[i]
       orig[i] = p[1].load(ks[j], p[2], now, vals[j])
     end
   end
@@ -137,7 +137,7 @@ while a <= #ARGV do
   local veto = false
   out[o + 1], out[o + 2] = now, 0
   for i = 1, n do
-    local p, f = specs[i], first[i]
+    local p, f = parsed[i], first[i]
     local m, w, l, cap, h = p[1], p[2], p[3], p[4], p[5]
     local s = cur[f] or orig[f]
     local c, consume = h, h > 0
@@ -165,7 +165,7 @@ while a <= #ARGV do
   if veto or alt then
     -- Figures without consumption: a check of one hit on the stored state.
     for i = 1, n do
-      local p = specs[i]
+      local p = parsed[i]
       local _, rem, reset = p[1].decide(orig[first[i]], now, p[2], p[3], p[4], 1, false)
       local j = o + 2 + (i - 1) * stride
       if veto then
@@ -180,7 +180,7 @@ while a <= #ARGV do
   for i = 1, n do
     local key = KEYS[k0 + i]
     if not veto and first[i] == i and cur[i] then
-      local p = specs[i]
+      local p = parsed[i]
       p[1].store(key, p[2], cur[i], orig[i], now)
     end
     slot[key] = nil
