@@ -13,12 +13,14 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/envoy-rls/envoy-rls/internal/testenv"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+	"github.com/redis/go-redis/v9"
 )
 
 func TestOptionsValidation(t *testing.T) {
@@ -94,6 +96,79 @@ func TestURLCredentialsAndOverride(t *testing.T) {
 				t.Fatalf("Ping = %v, want ErrUnavailable", err)
 			}
 		})
+	}
+}
+
+// TestProtocol: the Backend's connections speak RESP2 (CLIENT LIST shows
+// resp=2 for every connection but the observer's), unless the URL asks for
+// RESP3; the Cluster and Sentinel clients are configured for RESP2 too.
+func TestProtocol(t *testing.T) {
+	r := testenv.RedisServer(t)
+	ctx := context.Background()
+	for _, c := range []struct {
+		url  string
+		want string
+	}{
+		{"redis://" + r.Addr, "resp=2"},
+		{"redis://" + r.Addr + "?protocol=3", "resp=3"},
+	} {
+		t.Run(c.want, func(t *testing.T) {
+			b, err := New(Options{URL: c.url, Timeout: testTimeout})
+			if err != nil {
+				t.Fatalf("New: %v", err)
+			}
+			defer b.Close()
+			res := make([]limiter.Result, 1)
+			if err := b.Check(ctx, []limiter.Request{{Key: key(t.Name()), Limit: limiter.Limit{Requests: 10, Window: time.Minute}, Hits: 1}}, res); err != nil {
+				t.Fatalf("Check: %v", err)
+			}
+			observer := r.Client()
+			id, err := observer.ClientID(ctx).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			list, err := observer.ClientList(ctx).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			seen := 0
+			for _, line := range strings.Split(strings.TrimSpace(list), "\n") {
+				if strings.HasPrefix(line, "id="+strconv.FormatInt(id, 10)+" ") {
+					continue
+				}
+				seen++
+				if !strings.Contains(" "+line+" ", " "+c.want+" ") {
+					t.Errorf("connection %q, want %s", line, c.want)
+				}
+			}
+			if seen == 0 {
+				t.Errorf("no connection of the Backend in CLIENT LIST:\n%s", list)
+			}
+		})
+	}
+	for _, topo := range []struct {
+		name string
+		opts Options
+		t    topology
+	}{
+		{"cluster", Options{ClusterAddrs: []string{"127.0.0.1:1"}}, topoCluster},
+		{"sentinel", Options{SentinelAddrs: []string{"127.0.0.1:1"}, SentinelMaster: "m"}, topoSentinel},
+	} {
+		c, err := topo.opts.newClient(topo.t)
+		if err != nil {
+			t.Fatalf("%s: %v", topo.name, err)
+		}
+		var got int
+		switch c := c.(type) {
+		case *redis.ClusterClient:
+			got = c.Options().Protocol
+		case *redis.Client:
+			got = c.Options().Protocol
+		}
+		c.Close()
+		if got != 2 {
+			t.Errorf("%s client: Protocol %d, want 2", topo.name, got)
+		}
 	}
 }
 

@@ -174,6 +174,11 @@ func validatePrefix(p string) error {
 // go-redis's default of 5 with backoff would turn a refused connection into
 // a timeout that uses up the caller's deadline): the circuit breaker above
 // decides when to try again.
+//
+// The connections speak RESP2 (Protocol 2) unless a --redis.url asks for
+// another: on a RESP3 connection go-redis looks for push notifications after
+// every command, a recvfrom(MSG_PEEK) system call and three allocations per
+// call, and envoy-rls uses nothing that RESP3 adds.
 func (o *Options) newClient(topo topology) (redis.UniversalClient, error) {
 	switch topo {
 	case topoCluster:
@@ -183,6 +188,7 @@ func (o *Options) newClient(topo topology) (redis.UniversalClient, error) {
 			Password:              o.Password,
 			TLSConfig:             o.TLS,
 			PoolSize:              o.PoolSize,
+			Protocol:              2,
 			MaxRetries:            -1,
 			DialerRetries:         1,
 			ContextTimeoutEnabled: true,
@@ -197,6 +203,7 @@ func (o *Options) newClient(topo topology) (redis.UniversalClient, error) {
 			Password:              o.Password,
 			TLSConfig:             o.TLS,
 			PoolSize:              o.PoolSize,
+			Protocol:              2,
 			MaxRetries:            -1,
 			DialerRetries:         1,
 			ContextTimeoutEnabled: true,
@@ -217,6 +224,9 @@ func (o *Options) newClient(topo topology) (redis.UniversalClient, error) {
 		}
 		if o.PoolSize > 0 {
 			ro.PoolSize = o.PoolSize
+		}
+		if ro.Protocol == 0 { // not set in the URL (?protocol=)
+			ro.Protocol = 2
 		}
 		ro.MaxRetries = -1
 		ro.DialerRetries = 1
