@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"path/filepath"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -20,6 +19,10 @@ import (
 	"github.com/envoy-rls/envoy-rls/pkg/rls"
 )
 
+// benchConfigDir holds the limits `make bench` serves (scripts/bench.sh
+// copies it into envoy-rls's config folder).
+const benchConfigDir = "../../testdata/bench"
+
 // BenchmarkShouldRateLimitRedis measures one request through the stack serve
 // builds on Redis (deny cache, fail-soft, store timing, the Redis backend
 // with coalescing) against a real redis-server, without gRPC: time and
@@ -30,8 +33,7 @@ import (
 //	go test -run '^$' -bench ShouldRateLimitRedis -benchmem ./cmd/envoy-rls
 func BenchmarkShouldRateLimitRedis(b *testing.B) {
 	r := testenv.RedisServer(b)
-	// The limits make bench uses.
-	watcher, err := descriptors.NewWatcher(descriptors.WatcherOptions{Dir: filepath.Join("..", "..", "testdata", "bench"), Interval: time.Hour})
+	watcher, err := descriptors.NewWatcher(descriptors.WatcherOptions{Dir: benchConfigDir, Interval: time.Hour})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -118,10 +120,9 @@ func BenchmarkShouldRateLimitRedis(b *testing.B) {
 	}
 }
 
-// TestBenchConfigLoads: the limits `make bench` serves load (the script
-// copies testdata/bench into envoy-rls's config folder).
+// TestBenchConfigLoads: the limits `make bench` serves load.
 func TestBenchConfigLoads(t *testing.T) {
-	w, err := descriptors.NewWatcher(descriptors.WatcherOptions{Dir: filepath.Join("..", "..", "testdata", "bench"), Interval: time.Hour})
+	w, err := descriptors.NewWatcher(descriptors.WatcherOptions{Dir: benchConfigDir, Interval: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
