@@ -45,6 +45,8 @@
 #                    (default all); "ceiling" alone needs neither Redis nor envoy-rls
 #   BENCH_OUT        also write the JSON results (one object per run) to this file
 #   BENCH_RLS_ARGS   extra envoy-rls flags, e.g. "--redis.senders -1" (word-split)
+#   BENCH_RLS_ENV    extra environment of envoy-rls alone, e.g. "GOMAXPROCS=1"
+#                    (word-split, given to env(1))
 #
 # Needs: go, redis-server in PATH (`make test` installs it, or
 # scripts/install-deps.sh). Nothing else (no curl, no redis-cli, no jq).
@@ -67,6 +69,7 @@ BENCH_CONNECTIONS="${BENCH_CONNECTIONS:-4}"
 BENCH_SCENARIOS="${BENCH_SCENARIOS:-ceiling one-key many-keys three-desc four-limits hot-key open-loop}"
 BENCH_OUT="${BENCH_OUT:-}"
 BENCH_RLS_ARGS="${BENCH_RLS_ARGS:-}"
+BENCH_RLS_ENV="${BENCH_RLS_ENV:-}"
 
 BIN="$ROOT/.tools/bin"
 log() { printf 'bench: %s\n' "$*" >&2; }
@@ -178,7 +181,7 @@ if [ "$needs_rls" = 1 ]; then
 	RLS_GRPC="$(free_port)"
 	RLS_HTTP="$(free_port)"
 	RLS_DEBUG="$(free_port)"
-	"$BIN/envoy-rls" serve \
+	env $BENCH_RLS_ENV "$BIN/envoy-rls" serve \
 		--config.dir "$TMP/config" \
 		--grpc.addr "127.0.0.1:$RLS_GRPC" \
 		--http.addr "127.0.0.1:$RLS_HTTP" \

@@ -50,7 +50,7 @@ func (o *storeOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.redisTLSServerName, "redis.tls.server-name", "", "server name to verify in the Redis certificate (default: the host)")
 	fs.BoolVar(&o.redisTLSInsecure, "redis.tls.insecure-skip-verify", false, "do not verify the Redis certificate (testing only)")
 	fs.IntVar(&o.redisPoolSize, "redis.pool-size", 0, "connections per Redis node (0: 10 per CPU)")
-	fs.IntVar(&o.redisSenders, "redis.senders", redisbackend.DefaultSenders, "coalesced check calls in flight at once (single node and Sentinel): requests that arrive while every sender waits for Redis go together in its next call, each still decided atomically; each sender keeps a connection, so it must be below --redis.pool-size; -1 sends every request as a call of its own")
+	fs.IntVar(&o.redisSenders, "redis.senders", redisbackend.DefaultSenders, "coalesced check calls in flight at once (single node and Sentinel): requests that arrive while that many calls are in flight go together in the next one, each still decided atomically; each of these calls keeps a connection, so it must be below --redis.pool-size; -1 sends every request as a call of its own")
 	fs.IntVar(&o.redisMaxBatch, "redis.max-batch", redisbackend.DefaultMaxBatch, "most limits one coalesced call decides (a larger request is sent alone)")
 	fs.StringVar(&o.redisKeyPrefix, "redis.key-prefix", "rls:", "prefix of every Redis key")
 	fs.DurationVar(&o.redisTimeout, "redis.timeout", 25*time.Millisecond, "upper bound of one Redis call, kept well under Envoy's rate-limit timeout so a slow Redis becomes a failure_mode answer in time; the incoming gRPC deadline (minus 5ms) may shorten it")

@@ -84,8 +84,8 @@ func New(opts Options) (*Backend, error) {
 // *redis.ClusterClient or Sentinel-backed *redis.Client). Only KeyPrefix,
 // Timeout and Now of opts are used. The caller keeps ownership of c: Close
 // does not close it. For exact counting c should not retry commands on its
-// own (MaxRetries −1, see New). With a *redis.Client the coalescing senders
-// hold connections of their own (c.Conn()); go-redis's maintenance
+// own (MaxRetries −1, see New). With a *redis.Client the coalescing sender
+// slots hold connections of their own (c.Conn()); go-redis's maintenance
 // notifications in "auto" mode race between such connections, so c should
 // have them disabled, as New does.
 func NewFromClient(c redis.UniversalClient, opts Options) (*Backend, error) {
@@ -138,8 +138,8 @@ func newBackend(c redis.UniversalClient, opts Options) (*Backend, error) {
 	return b, nil
 }
 
-// Close stops the coalescing senders (their calls in flight end first, or
-// are ended after Options.Timeout) and closes the client if New created it.
+// Close stops coalescing (the calls in flight end first, or are ended after
+// Options.Timeout) and closes the client if New created it.
 // Calls after Close fail with limiter.ErrUnavailable (with NewFromClient,
 // coalesced calls do; the others go on while the caller's client is open).
 func (b *Backend) Close() error {
@@ -149,8 +149,8 @@ func (b *Backend) Close() error {
 		}
 		return nil
 	}
-	// Let the senders finish their calls and return their connections
-	// (closing the client under a sender's connection makes go-redis log),
+	// Let the calls in flight end and their slots close their connections
+	// (closing the client under a slot's connection makes go-redis log),
 	// for as long as a call may take; then close the client, which also
 	// ends a call without a deadline. With a caller's client, wait for them.
 	grace := max(b.timeout, 0)
@@ -429,15 +429,24 @@ func decodeReply(v string, idx []int, results []limiter.Result, alt []figures) (
 }
 
 // batch is the scratch space of one script call, reused through a pool (a
-// coalescing sender keeps its own).
+// coalescing sender slot keeps its own).
 type batch struct {
 	g    group
 	keys []string
 	argv []string
 	cmd  []any // the command's arguments: pointers into keys and argv
 	// conn, when set, is the connection the calls go through instead of
-	// the client's pool (a coalescing sender's own; see coalescer).
+	// the client's pool (a coalescing sender slot's own; see coalescer).
 	conn *redis.Conn
+	jobs []*job // the jobs of a coalesced call
+}
+
+// closeConn closes bt's own connection, if any.
+func (bt *batch) closeConn() {
+	if bt.conn != nil {
+		_ = bt.conn.Close()
+		bt.conn = nil
+	}
 }
 
 // call runs check.lua for the requests reqs[idx[j]] (all of reqs when idx is

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,34 +15,41 @@ import (
 
 // Coalescing
 //
-// On a single node or Sentinel, concurrent Checks are sent together: a Check
-// encodes its group (keys and specs) in its own goroutine and hands it to one
-// of a few sender goroutines; a sender takes every group that is waiting, up
-// to MaxBatch requests, and sends them as one check call, in which Redis
-// decides the groups one after the other, each atomically, exactly as if
-// they had been calls of their own (check.lua). The reply is split between
-// the callers.
+// On a single node or Sentinel, concurrent Checks are sent together. A Check
+// encodes its group (keys and specs) in its own goroutine and queues it. The
+// coalescer has a few sender slots (Options.Senders), each a call's scratch
+// space and a connection of its own; a slot is either idle or lent to one
+// caller, its leader, which sends one call with every group that is queued
+// (up to MaxBatch requests, its own first), in which Redis decides the groups
+// one after the other, each atomically, exactly as if they had been calls of
+// their own (check.lua). The reply is split between the callers.
 //
-// A sender keeps one connection of its own (a single node's or Sentinel's
-// master; redis.Client.Conn) rather than taking one from the pool per call,
-// which spares go-redis's health check of a pooled connection (a system
-// call) and the pool's bookkeeping; after any failed call it drops the
-// connection and takes a fresh one for the next call, so that a broken
-// connection or a demoted master is left behind.
+// There is no sender goroutine: a Check that finds a slot idle sends its
+// call itself, so a lone Check crosses no goroutine on its way to Redis and
+// back. Groups queue only while every slot is in a call; a leader whose call
+// has ended lends its slot to the oldest queued Check, whose caller wakes to
+// send the next call (the wake-up it needed anyway for its result), or puts
+// it back. A busier server sends bigger calls, not more of them: Redis then
+// pays one command, one TIME and one network read and write per call instead
+// of per Check, and envoy-rls one system call each way.
 //
-// A sender sends the moment it has a group, so a lone Check is not delayed:
-// groups pile up only while every sender has a call in flight, and a busier
-// server sends bigger calls, not more of them. Redis then pays one command,
-// one TIME and one network read and write per call instead of per Check, and
-// envoy-rls one system call each way.
+// A slot keeps its connection (a single node's or Sentinel's master;
+// redis.Client.Conn) rather than taking one from the pool per call, which
+// spares go-redis's health check of a pooled connection (a system call) and
+// the pool's bookkeeping; after any failed call it drops the connection and
+// takes a fresh one for the next call, so that a broken connection or a
+// demoted master is left behind.
 //
 // Deadlines: a Check's deadline is its context's or Options.Timeout from
 // its start, whichever is sooner, and a call is bounded by the earliest
 // deadline of its groups, so that nobody waits past their own; no context is
-// derived per Check. A caller whose context ends first stops waiting and
-// reports limiter.ErrUnavailable; its group may still be decided (and
-// counted) by a call already sent, as with a reply lost on the network. A
-// group whose deadline has passed before its call is built is not sent.
+// derived per Check. A caller whose context ends while its group is queued
+// takes it back (nothing is sent); while its group is in a call, it stops
+// waiting and reports limiter.ErrUnavailable, and its group may still be
+// decided (and counted) by that call, as with a reply lost on the network. A
+// group whose deadline has passed before its call is built is not sent. A
+// leader waits for its own call even when its context is canceled
+// meanwhile: the call is bounded by the leader's deadline like any other.
 //
 // Shared fate: a call that fails (its earliest deadline passes, the
 // connection breaks, or the script errs on one group, e.g. WRONGTYPE on a
@@ -61,14 +69,14 @@ const (
 	DefaultMaxBatch = 256
 )
 
-// Job states. A job is owned by its caller until it is handed to a sender;
-// from then on whichever of the caller and the sender finishes with it last
-// puts it back in the pool: the caller after reading a result, the sender
-// after delivering one that nobody waits for any more.
+// Job states. A job is owned by its caller until a leader takes it into a
+// call; from then on whichever of the caller and the leader finishes with it
+// last puts it back in the pool: the caller after reading a result, the
+// leader after delivering one that nobody waits for any more.
 const (
-	jobPending   int32 = iota // handed to a sender, no result yet
+	jobPending   int32 = iota // queued or in a call, no result yet
 	jobDone                   // result delivered; the caller owns the job
-	jobAbandoned              // the caller stopped waiting; the sender owns it
+	jobAbandoned              // the caller stopped waiting; the leader owns it
 )
 
 // job is one Check waiting for a coalesced call.
@@ -77,54 +85,72 @@ type job struct {
 	ctx      context.Context
 	deadline time.Time // zero: none
 	state    atomic.Int32
-	done     chan struct{} // receives once per delivered result
-	reply    string        // the group's part of the reply
-	err      error
+	// done receives once per delivered result, and once when the job's
+	// caller is lent a slot to lead the next call.
+	done  chan struct{}
+	reply string // the group's part of the reply
+	err   error
+	// Under coalescer.mu: queued while the job is in coalescer.queue; lead
+	// is the slot lent to its caller (taking the job out of the queue),
+	// until the caller takes it.
+	queued bool
+	lead   *batch
 }
 
-// coalescer owns the sender goroutines of a Backend.
+// coalescer queues Checks and lends its sender slots to their callers.
 type coalescer struct {
 	b *Backend
-	// conns gives senders their own connections; nil (a client that is
-	// not a *redis.Client) means they use the client's pool.
+	// conns gives slots their own connections; nil (a client that is not a
+	// *redis.Client) means calls use the client's pool.
 	conns    *redis.Client
-	jobs     chan *job // unbuffered: a job is only ever held by a caller or a sender
-	stop     chan struct{}
-	stopOnce sync.Once
-	wg       sync.WaitGroup
 	maxBatch int
 	pool     sync.Pool // *job
+
+	mu     sync.Mutex
+	queue  []*job   // waiting for a call, oldest first
+	idle   []*batch // slots not lent out
+	closed bool
+	// lent counts the slots out of idle (in a call, or lent to a caller
+	// who has not woken yet); close waits for them to come back.
+	lent sync.WaitGroup
 }
 
 func newCoalescer(b *Backend, senders, maxBatch int) *coalescer {
 	conns, _ := b.client.(*redis.Client)
-	c := &coalescer{
-		b:        b,
-		conns:    conns,
-		jobs:     make(chan *job),
-		stop:     make(chan struct{}),
-		maxBatch: maxBatch,
-	}
+	c := &coalescer{b: b, conns: conns, maxBatch: maxBatch}
 	c.pool.New = func() any { return &job{done: make(chan struct{}, 1)} }
 	for range senders {
-		c.wg.Go(c.sender)
+		c.idle = append(c.idle, new(batch))
 	}
 	return c
 }
 
-// close makes every later check fail and stops the senders after their
-// calls in flight end. It waits for them for at most grace (a negative grace
-// waits as long as it takes) and reports whether they have stopped. It may
-// be called again.
+// close makes every later check fail, fails the queued ones, and waits for
+// the calls in flight to end for at most grace (a negative grace waits as
+// long as it takes); it reports whether they have. It may be called again.
 func (c *coalescer) close(grace time.Duration) bool {
-	c.stopOnce.Do(func() { close(c.stop) })
+	c.mu.Lock()
+	if !c.closed {
+		c.closed = true
+		for _, bt := range c.idle {
+			bt.closeConn()
+		}
+		c.idle = nil
+		// A job lent a slot learns of the close when it leads.
+		for _, j := range c.queue {
+			j.queued = false
+			c.deliver(j, errClosed)
+		}
+		c.dequeue(len(c.queue))
+	}
+	c.mu.Unlock()
 	if grace < 0 {
-		c.wg.Wait()
+		c.lent.Wait()
 		return true
 	}
 	done := make(chan struct{})
-	go func() { // ends with the senders
-		c.wg.Wait()
+	go func() { // ends with the calls in flight
+		c.lent.Wait()
 		close(done)
 	}()
 	t := time.NewTimer(grace)
@@ -146,22 +172,42 @@ func (c *coalescer) check(ctx context.Context, deadline time.Time, reqs []limite
 	j.g.encode(c.b, reqs, nil)
 	j.ctx, j.deadline = ctx, deadline
 	j.state.Store(jobPending)
-	select {
-	case c.jobs <- j:
-	case <-ctx.Done():
-		c.put(j)
-		return unavailable(ctx, "check script", ctx.Err())
-	case <-c.stop:
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
 		c.put(j)
 		return fmt.Errorf("%w: %w", limiter.ErrUnavailable, errClosed)
 	}
-	select {
-	case <-j.done:
-	case <-ctx.Done():
-		if j.state.CompareAndSwap(jobPending, jobAbandoned) {
-			return unavailable(ctx, "check script", ctx.Err())
+	if n := len(c.idle); n > 0 {
+		// A slot is idle, so nothing is queued: send j now.
+		bt := c.idle[n-1]
+		c.idle = c.idle[:n-1]
+		c.lent.Add(1)
+		c.lead(bt, j)
+	} else {
+		j.queued = true
+		c.queue = append(c.queue, j)
+		c.mu.Unlock()
+	}
+	for {
+		select {
+		case <-j.done:
+		case <-ctx.Done():
+			if c.withdraw(j) || j.state.CompareAndSwap(jobPending, jobAbandoned) {
+				return unavailable(ctx, "check script", ctx.Err())
+			}
+			<-j.done // delivered meanwhile
 		}
-		<-j.done // delivered meanwhile
+		// j.lead was set before the signal was sent, and nobody else
+		// writes it while j is out of the queue.
+		bt := j.lead
+		if bt == nil {
+			break
+		}
+		// Lent a slot: lead the next call, j first.
+		j.lead = nil
+		c.mu.Lock()
+		c.lead(bt, j)
 	}
 	defer c.put(j)
 	if err := j.err; err != nil {
@@ -174,6 +220,89 @@ func (c *coalescer) check(ctx context.Context, deadline time.Time, reqs []limite
 		return unavailable(ctx, "check script", err)
 	}
 	return nil
+}
+
+// withdraw takes j back for its caller, whose context has ended, if no call
+// has taken it: from the queue, or with the slot it was lent, which goes to
+// the next queued job. It reports whether the caller owns j again (and put
+// it back in the pool).
+func (c *coalescer) withdraw(j *job) bool {
+	c.mu.Lock()
+	if bt := j.lead; bt != nil {
+		j.lead = nil
+		<-j.done // the loan's signal, sent under mu
+		c.pass(bt)
+	} else if j.queued {
+		c.queue = slices.DeleteFunc(c.queue, func(q *job) bool { return q == j })
+		j.queued = false
+	} else {
+		c.mu.Unlock()
+		return false
+	}
+	c.mu.Unlock()
+	c.put(j)
+	return true
+}
+
+// lead sends one call with slot bt: first (nil for none), then the oldest
+// queued jobs, up to maxBatch requests; then it passes bt on. It is called
+// with c.mu held and returns without it.
+func (c *coalescer) lead(bt *batch, first *job) {
+	if c.closed {
+		bt.closeConn()
+		c.lent.Done()
+		c.mu.Unlock()
+		c.deliver(first, errClosed)
+		return
+	}
+	jobs := append(bt.jobs[:0], first)
+	n := len(first.g.keys)
+	take := 0
+	for _, q := range c.queue {
+		if n+len(q.g.keys) > c.maxBatch {
+			break
+		}
+		q.queued = false
+		jobs = append(jobs, q)
+		n += len(q.g.keys)
+		take++
+	}
+	c.dequeue(take)
+	c.mu.Unlock()
+	bt.jobs = jobs
+	c.send(bt, jobs)
+	clear(bt.jobs)
+	c.mu.Lock()
+	c.pass(bt)
+	c.mu.Unlock()
+}
+
+// pass lends slot bt to the oldest queued job, whose caller wakes to lead
+// the next call, or puts it back among the idle ones. It is called with
+// c.mu held.
+func (c *coalescer) pass(bt *batch) {
+	switch {
+	case c.closed:
+		bt.closeConn()
+		c.lent.Done()
+	case len(c.queue) > 0:
+		q := c.queue[0]
+		c.dequeue(1)
+		q.queued = false
+		q.lead = bt
+		q.done <- struct{}{}
+	default:
+		c.idle = append(c.idle, bt)
+		c.lent.Done()
+	}
+}
+
+// dequeue drops the n oldest jobs of the queue. It is called with c.mu
+// held.
+func (c *coalescer) dequeue(n int) {
+	rest := copy(c.queue, c.queue[n:])
+	clear(c.queue[rest:])
+	c.queue = c.queue[:rest]
 }
 
 // put returns j to the pool, without references to its caller's data.
@@ -193,39 +322,6 @@ func (c *coalescer) deliver(j *job, err error) {
 		return
 	}
 	c.put(j)
-}
-
-// sender sends coalesced calls until the coalescer stops.
-func (c *coalescer) sender() {
-	var queued []*job
-	bt := new(batch)
-	defer func() {
-		if bt.conn != nil {
-			_ = bt.conn.Close()
-		}
-	}()
-	for {
-		var j *job
-		select {
-		case j = <-c.jobs:
-		case <-c.stop:
-			return
-		}
-		queued = append(queued[:0], j)
-		n := len(j.g.keys)
-	fill:
-		for n < c.maxBatch {
-			select {
-			case j := <-c.jobs:
-				queued = append(queued, j)
-				n += len(j.g.keys)
-			default:
-				break fill
-			}
-		}
-		c.send(bt, queued)
-		clear(queued)
-	}
 }
 
 // send makes one call for the groups of jobs and delivers every result.
@@ -274,9 +370,8 @@ func (c *coalescer) send(bt *batch, jobs []*job) {
 	c.b.calls.Add(1)
 	cmd := c.b.runCheck(ctx, bt, keys, argv, c.b.flags[0])
 	v, err := cmd.Result()
-	if err != nil && bt.conn != nil {
-		_ = bt.conn.Close()
-		bt.conn = nil
+	if err != nil {
+		bt.closeConn()
 	}
 	clear(keys)
 	clear(argv)

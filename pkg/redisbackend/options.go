@@ -134,7 +134,7 @@ func (o *Options) validate() (topology, error) {
 	if o.MaxBatch < 0 {
 		errs = append(errs, fmt.Errorf("--redis.max-batch %d is negative", o.MaxBatch))
 	}
-	// Each sender keeps a connection of the pool for as long as it runs;
+	// Each sender slot keeps a connection of the pool once it has sent;
 	// FUNCTION LOAD, Ping and the heartbeat need one more.
 	if n := o.senders(); topo != topoCluster && o.PoolSize > 0 && n >= o.PoolSize {
 		errs = append(errs, fmt.Errorf("--redis.senders %d leaves no connection of --redis.pool-size %d for the other calls (function loads, pings, heartbeats): the pool must be larger than the senders", n, o.PoolSize))
@@ -142,7 +142,7 @@ func (o *Options) validate() (topology, error) {
 	return topo, errors.Join(errs...)
 }
 
-// senders returns the number of coalescing senders o asks for: Senders,
+// senders returns the number of coalescing sender slots o asks for: Senders,
 // DefaultSenders for 0, none when coalescing is off.
 func (o *Options) senders() int {
 	switch {
@@ -235,7 +235,7 @@ func (o *Options) newClient(topo topology) (redis.UniversalClient, error) {
 		// for them costs a command per new connection, and go-redis's
 		// "auto" fallback, which rewrites the shared options when a server
 		// refuses, races between connections opened through
-		// redis.Client.Conn (the coalescing senders'). Failover clients
+		// redis.Client.Conn (the coalescing sender slots'). Failover clients
 		// have them off already.
 		ro.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 		return redis.NewClient(ro), nil

@@ -1,0 +1,242 @@
+package redisbackend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/envoy-rls/envoy-rls/internal/testenv"
+	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+)
+
+// slots returns how many Checks are queued and how many sender slots are
+// idle.
+func (c *coalescer) slots() (queued, idle int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.queue), len(c.idle)
+}
+
+// used returns the hits counted on the counter of req.
+func used(t *testing.T, b *Backend, req limiter.Request) int64 {
+	t.Helper()
+	res := make([]limiter.Result, 1)
+	if err := b.Check(context.Background(), []limiter.Request{{Key: req.Key, Limit: req.Limit}}, res); err != nil {
+		t.Fatalf("probe: %v", err)
+	}
+	return int64(req.Limit.Requests - res[0].Remaining)
+}
+
+// TestCoalescedQueuedCancel: Checks queued behind a call held by a stopped
+// Redis (SIGSTOP),
+// whose callers cancel, return limiter.ErrUnavailable wrapping
+// context.Canceled without being sent: no call carries them and their hits
+// are never counted. The call in flight ends normally, and its slot is idle
+// again.
+func TestCoalescedQueuedCancel(t *testing.T) {
+	r := testenv.RedisServer(t)
+	b, err := New(Options{URL: "redis://" + r.Addr, Timeout: testTimeout, Senders: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	req := []limiter.Request{{Key: key(t.Name()), Limit: limiter.Limit{Requests: 100, Window: time.Hour}, Hits: 1}}
+	if err := b.Check(context.Background(), req, make([]limiter.Result, 1)); err != nil { // load the library
+		t.Fatal(err)
+	}
+	calls := b.CallStats().Calls
+	r.Pause() // SIGSTOP: the call below is held until Resume
+	t.Cleanup(r.Resume)
+	held := make(chan error, 1)
+	go func() { held <- b.Check(context.Background(), req, make([]limiter.Result, 1)) }()
+	if err := waitFor(func() error {
+		if n := b.CallStats().Calls; n != calls+1 {
+			return fmt.Errorf("%d calls sent, want %d", n-calls, 1)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	const queued = 4
+	ctx, cancel := context.WithCancel(context.Background())
+	errs := make(chan error, queued)
+	for range queued {
+		go func() { errs <- b.Check(ctx, req, make([]limiter.Result, 1)) }()
+	}
+	if err := waitFor(func() error {
+		if n, _ := b.co.slots(); n != queued {
+			return fmt.Errorf("%d Checks queued, want %d", n, queued)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	for range queued {
+		if err := <-errs; !errors.Is(err, limiter.ErrUnavailable) || !errors.Is(err, context.Canceled) {
+			t.Errorf("queued Check canceled = %v, want ErrUnavailable and context.Canceled", err)
+		}
+	}
+	if n := b.CallStats().Calls; n != calls+1 {
+		t.Errorf("%d calls sent while Redis held the first, want 1", n-calls)
+	}
+	r.Resume()
+	if err := <-held; err != nil {
+		t.Fatalf("the held Check: %v", err)
+	}
+	if n, idle := b.co.slots(); n != 0 || idle != 1 {
+		t.Errorf("after every Check returned: %d queued, %d slots idle; want 0 and 1", n, idle)
+	}
+	if got := used(t, b, req[0]); got != 2 {
+		t.Errorf("%d hits counted, want 2 (the warm-up and the held Check)", got)
+	}
+}
+
+// TestCoalescerWithdrawLentSlot: a caller lent a slot whose context ends
+// before it leads passes the slot to the oldest queued Check, whose caller
+// is woken; when that one withdraws too, the slot is idle again. A slot
+// lent when the Backend closes is given up by its caller: Close waits for
+// it, and the caller gets errClosed.
+func TestCoalescerWithdrawLentSlot(t *testing.T) {
+	r := testenv.RedisServer(t)
+	b, err := New(Options{URL: "redis://" + r.Addr, Timeout: testTimeout, Senders: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	c := b.co
+	newJob := func() *job {
+		j := c.pool.Get().(*job)
+		j.ctx = context.Background()
+		j.state.Store(jobPending)
+		return j
+	}
+	// Lend the only slot to j1, as a leader whose call ended would, with
+	// j2 queued behind it.
+	lend := func(j1, j2 *job) *batch {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		bt := c.idle[0]
+		c.idle = c.idle[:0]
+		c.lent.Add(1)
+		j1.lead = bt
+		j1.done <- struct{}{}
+		j2.queued = true
+		c.queue = append(c.queue, j2)
+		return bt
+	}
+	j1, j2 := newJob(), newJob()
+	bt := lend(j1, j2)
+	if !c.withdraw(j1) {
+		t.Fatal("withdraw of a job lent a slot = false, want true")
+	}
+	c.mu.Lock()
+	lead, queued := j2.lead, j2.queued
+	c.mu.Unlock()
+	if lead != bt || queued {
+		t.Fatalf("after the first caller withdrew: next job lent %p and queued %v, want %p and false", lead, queued, bt)
+	}
+	select {
+	case <-j2.done:
+		j2.done <- struct{}{} // as its caller has not read it yet
+	default:
+		t.Fatal("the job lent the slot was not woken")
+	}
+	if !c.withdraw(j2) {
+		t.Fatal("withdraw of the second job = false, want true")
+	}
+	if n, idle := c.slots(); n != 0 || idle != 1 {
+		t.Fatalf("after both withdrew: %d queued, %d slots idle; want 0 and 1", n, idle)
+	}
+	req := []limiter.Request{{Key: key(t.Name()), Limit: limiter.Limit{Requests: 100, Window: time.Hour}, Hits: 1}}
+	if err := b.Check(context.Background(), req, make([]limiter.Result, 1)); err != nil {
+		t.Fatalf("Check after the withdrawals: %v", err)
+	}
+
+	// Close while the slot is lent to j3, whose caller has not woken.
+	j3, j4 := newJob(), newJob()
+	bt = lend(j3, j4)
+	closed := make(chan bool, 1)
+	go func() { closed <- c.close(-1) }()
+	<-j4.done
+	if j4.err != errClosed {
+		t.Errorf("queued job at close: err %v, want errClosed", j4.err)
+	}
+	// j3's caller wakes: it leads, learns of the close.
+	<-j3.done
+	c.mu.Lock()
+	j3.lead = nil
+	c.lead(bt, j3)
+	<-j3.done
+	if j3.err != errClosed {
+		t.Errorf("job lent a slot at close: err %v, want errClosed", j3.err)
+	}
+	if !<-closed {
+		t.Error("close(-1) = false, want true")
+	}
+	if bt.conn != nil {
+		t.Error("the lent slot kept its connection after close")
+	}
+}
+
+// TestCoalescerCancelStorm: 32 goroutines send Checks whose contexts end at
+// random moments (before the Check, while queued, while lent a slot, while
+// in a call) on two slots, or not at all. Afterwards nothing is queued, both slots are
+// idle, the Backend still decides, and the counter holds every admitted hit
+// and no more than the Checks that may have reached Redis.
+func TestCoalescerCancelStorm(t *testing.T) {
+	r := testenv.RedisServer(t)
+	b := newSingle(t, r, DefaultKeyPrefix, nil)
+	req := []limiter.Request{{Key: key(t.Name()), Limit: limiter.Limit{Requests: 1 << 30, Window: time.Hour}, Hits: 1}}
+	if err := b.Check(context.Background(), req, make([]limiter.Result, 1)); err != nil {
+		t.Fatal(err)
+	}
+	var ok, failed atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 32 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(g), 1))
+			res := make([]limiter.Result, 1)
+			for range 200 {
+				var ctx context.Context
+				var cancel context.CancelFunc
+				switch rng.IntN(4) {
+				case 0: // ends before the Check
+					ctx, cancel = context.WithCancel(context.Background())
+					cancel()
+				case 1: // ends at some point of the Check
+					d := time.Duration(rng.IntN(2000)) * time.Microsecond
+					ctx, cancel = context.WithTimeout(context.Background(), d)
+				default:
+					ctx, cancel = context.WithCancel(context.Background())
+				}
+				err := b.Check(ctx, req, res)
+				cancel()
+				switch {
+				case err == nil:
+					ok.Add(1)
+				// A call is bounded by the earliest deadline of its
+				// Checks, and fails for all of them when it passes.
+				case errors.Is(err, limiter.ErrUnavailable) && (ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded)):
+					failed.Add(1)
+				default:
+					t.Errorf("Check = %v (context %v), want success or ErrUnavailable for an ended context or deadline", err, ctx.Err())
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n, idle := b.co.slots(); n != 0 || idle != DefaultSenders {
+		t.Errorf("after the storm: %d queued, %d slots idle; want 0 and %d", n, idle, DefaultSenders)
+	}
+	got := used(t, b, req[0]) - 1 // the warm-up
+	if got < ok.Load() || got > ok.Load()+failed.Load() {
+		t.Errorf("%d hits counted for %d admitted Checks and %d canceled ones", got, ok.Load(), failed.Load())
+	}
+	t.Logf("%d admitted, %d canceled, %d counted", ok.Load(), failed.Load(), got)
+}
