@@ -244,9 +244,10 @@ func (c *coalescer) withdraw(j *job) bool {
 	return true
 }
 
-// lead sends one call with slot bt: first (nil for none), then the oldest
-// queued jobs, up to maxBatch requests; then it passes bt on. It is called
-// with c.mu held and returns without it.
+// lead sends one call with slot bt for first, its caller's job, and the
+// oldest queued jobs, up to maxBatch requests (first goes even when it alone
+// exceeds them); then it passes bt on. It is called with c.mu held and
+// returns without it.
 func (c *coalescer) lead(bt *batch, first *job) {
 	if c.closed {
 		bt.closeConn()
