@@ -16,7 +16,7 @@ import (
 // Coalescing
 //
 // On a single node or Sentinel, concurrent Checks are sent together. A Check
-// encodes its group (keys and specs) in its own goroutine and queues it. The
+// encodes its group (keys and specs) in its own goroutine. The
 // coalescer has a few sender slots (Options.Senders), each a call's scratch
 // space and a connection of its own; a slot is either idle or lent to one
 // caller, its leader, which sends one call with every group that is queued
@@ -48,8 +48,10 @@ import (
 // waiting and reports limiter.ErrUnavailable, and its group may still be
 // decided (and counted) by that call, as with a reply lost on the network. A
 // group whose deadline has passed before its call is built is not sent. A
-// leader waits for its own call even when its context is canceled
-// meanwhile: the call is bounded by the leader's deadline like any other.
+// caller lent a slot after its context ended passes the slot on instead of
+// leading. A leader waits for its own call even when its context is
+// canceled meanwhile: the call is bounded by the leader's deadline like any
+// other.
 //
 // Shared fate: a call that fails (its earliest deadline passes, the
 // connection breaks, or the script errs on one group, e.g. WRONGTYPE on a
@@ -206,8 +208,9 @@ func (c *coalescer) check(ctx context.Context, deadline time.Time, reqs []limite
 		}
 		// Lent a slot: lead the next call, j first.
 		j.lead = nil
-		c.mu.Lock()
-		c.lead(bt, j)
+		if !c.takeLead(ctx, bt, j) {
+			return unavailable(ctx, "check script", ctx.Err())
+		}
 	}
 	defer c.put(j)
 	if err := j.err; err != nil {
@@ -220,6 +223,22 @@ func (c *coalescer) check(ctx context.Context, deadline time.Time, reqs []limite
 		return unavailable(ctx, "check script", err)
 	}
 	return nil
+}
+
+// takeLead has j's caller, lent slot bt, lead the next call, unless its
+// context has ended meanwhile: then bt goes on to the next queued job, so
+// that the caller does not wait for a call of others' Checks past its own
+// deadline, and j goes back to the pool. It reports whether the caller led.
+func (c *coalescer) takeLead(ctx context.Context, bt *batch, j *job) bool {
+	c.mu.Lock()
+	if ctx.Err() != nil {
+		c.pass(bt)
+		c.mu.Unlock()
+		c.put(j)
+		return false
+	}
+	c.lead(bt, j)
+	return true
 }
 
 // withdraw takes j back for its caller, whose context has ended, if no call

@@ -99,7 +99,8 @@ func TestCoalescedQueuedCancel(t *testing.T) {
 
 // TestCoalescerWithdrawLentSlot: a caller lent a slot whose context ends
 // before it leads passes the slot to the oldest queued Check, whose caller
-// is woken; when that one withdraws too, the slot is idle again. A slot
+// is woken; when that one withdraws too, the slot is idle again. So does a
+// caller that wakes to the loan with its context already ended. A slot
 // lent when the Backend closes is given up by its caller: Close waits for
 // it, and the caller gets errClosed.
 func TestCoalescerWithdrawLentSlot(t *testing.T) {
@@ -152,6 +153,34 @@ func TestCoalescerWithdrawLentSlot(t *testing.T) {
 	}
 	if n, idle := c.slots(); n != 0 || idle != 1 {
 		t.Fatalf("after both withdrew: %d queued, %d slots idle; want 0 and 1", n, idle)
+	}
+
+	// A caller woken by the loan whose context has ended meanwhile does not
+	// lead: the slot goes on to the next queued job.
+	j5, j6 := newJob(), newJob()
+	bt = lend(j5, j6)
+	<-j5.done
+	j5.lead = nil
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	calls := b.CallStats().Calls
+	if c.takeLead(ended, bt, j5) {
+		t.Fatal("takeLead with an ended context = true, want false")
+	}
+	c.mu.Lock()
+	lead = j6.lead
+	c.mu.Unlock()
+	if lead != bt {
+		t.Fatalf("after a caller with an ended context declined: next job lent %p, want %p", lead, bt)
+	}
+	if n := b.CallStats().Calls; n != calls {
+		t.Errorf("%d calls sent by a caller whose context had ended, want 0", n-calls)
+	}
+	if !c.withdraw(j6) {
+		t.Fatal("withdraw of the job lent the declined slot = false, want true")
+	}
+	if n, idle := c.slots(); n != 0 || idle != 1 {
+		t.Fatalf("after the declined loan: %d queued, %d slots idle; want 0 and 1", n, idle)
 	}
 	req := []limiter.Request{{Key: key(t.Name()), Limit: limiter.Limit{Requests: 100, Window: time.Hour}, Hits: 1}}
 	if err := b.Check(context.Background(), req, make([]limiter.Result, 1)); err != nil {
