@@ -52,7 +52,7 @@ func TestOneRoundTripPerCheck(t *testing.T) {
 
 func testOneRoundTripPerCheck(t *testing.T, verb string) {
 	r := testenv.RedisServer(t)
-	// One sender, so that the warm-up below also opens the connection every
+	// One sender slot, so that the warm-up below also opens the connection every
 	// later call goes through.
 	b, err := New(Options{URL: "redis://" + r.Addr, Timeout: testTimeout, DisableFunctions: verb == "evalsha", Senders: 1})
 	if err != nil {
