@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"strconv"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -29,8 +28,8 @@ const benchConfigDir = "../../testdata/bench"
 // with coalescing) against a real redis-server, without gRPC: time and
 // allocations per request, and redis-server's CPU per request
 // (redis-cpu-µs/op, from INFO cpu; coarse for short runs) and the benchmark
-// process's own (cpu-µs/op, from getrusage: the stack and its callers). The parallel
-// variants run GOMAXPROCS×8 callers, so that requests coalesce.
+// process's own (cpu-µs/op, from getrusage: the stack and its callers). The
+// parallel variants run GOMAXPROCS×8 callers, so that requests coalesce.
 //
 //	go test -run '^$' -bench ShouldRateLimitRedis -benchmem ./cmd/envoy-rls
 func BenchmarkShouldRateLimitRedis(b *testing.B) {
@@ -98,7 +97,7 @@ func BenchmarkShouldRateLimitRedis(b *testing.B) {
 			b.Run(name, func(b *testing.B) {
 				call(b, 0) // connect and load the library
 				b.ReportAllocs()
-				cpu, self := r.CPU(b), selfCPU(b)
+				cpu, self := r.CPU(b), testenv.ProcessCPU(b)
 				b.ResetTimer()
 				if parallel {
 					b.SetParallelism(8)
@@ -117,19 +116,10 @@ func BenchmarkShouldRateLimitRedis(b *testing.B) {
 				}
 				b.StopTimer()
 				b.ReportMetric(float64((r.CPU(b)-cpu).Microseconds())/float64(b.N), "redis-cpu-µs/op")
-				b.ReportMetric(float64((selfCPU(b)-self).Microseconds())/float64(b.N), "cpu-µs/op")
+				b.ReportMetric(float64((testenv.ProcessCPU(b)-self).Microseconds())/float64(b.N), "cpu-µs/op")
 			})
 		}
 	}
-}
-
-// selfCPU returns the CPU time this process has used, user and system.
-func selfCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatalf("getrusage: %v", err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // TestBenchConfigLoads: the limits `make bench` serves load.

@@ -22,29 +22,26 @@ func (c *coalescer) slots() (queued, idle int) {
 	return len(c.queue), len(c.idle)
 }
 
-// used returns the hits counted on the counter of req.
-func used(t *testing.T, b *Backend, req limiter.Request) int64 {
+// newOneSlot returns a coalescing Backend on r with a single sender slot,
+// closed when the test ends.
+func newOneSlot(t *testing.T, r *testenv.Redis) *Backend {
 	t.Helper()
-	res := make([]limiter.Result, 1)
-	if err := b.Check(context.Background(), []limiter.Request{{Key: req.Key, Limit: req.Limit}}, res); err != nil {
-		t.Fatalf("probe: %v", err)
-	}
-	return int64(req.Limit.Requests - res[0].Remaining)
-}
-
-// TestCoalescedQueuedCancel: Checks queued behind a call held by a stopped
-// Redis (SIGSTOP),
-// whose callers cancel, return limiter.ErrUnavailable wrapping
-// context.Canceled without being sent: no call carries them and their hits
-// are never counted. The call in flight ends normally, and its slot is idle
-// again.
-func TestCoalescedQueuedCancel(t *testing.T) {
-	r := testenv.RedisServer(t)
 	b, err := New(Options{URL: "redis://" + r.Addr, Timeout: testTimeout, Senders: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+// TestCoalescedQueuedCancel: Checks queued behind a call held by a stopped
+// Redis (SIGSTOP), whose callers cancel, return limiter.ErrUnavailable
+// wrapping context.Canceled without being sent: no call carries them and
+// their hits are never counted. The call in flight ends normally, and its
+// slot is idle again.
+func TestCoalescedQueuedCancel(t *testing.T) {
+	r := testenv.RedisServer(t)
+	b := newOneSlot(t, r)
 	req := []limiter.Request{{Key: key(t.Name()), Limit: limiter.Limit{Requests: 100, Window: time.Hour}, Hits: 1}}
 	if err := b.Check(context.Background(), req, make([]limiter.Result, 1)); err != nil { // load the library
 		t.Fatal(err)
@@ -105,11 +102,7 @@ func TestCoalescedQueuedCancel(t *testing.T) {
 // it, and the caller gets errClosed.
 func TestCoalescerWithdrawLentSlot(t *testing.T) {
 	r := testenv.RedisServer(t)
-	b, err := New(Options{URL: "redis://" + r.Addr, Timeout: testTimeout, Senders: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
+	b := newOneSlot(t, r)
 	c := b.co
 	newJob := func() *job {
 		j := c.pool.Get().(*job)

@@ -91,13 +91,8 @@ func TestCoalescingIsExact(t *testing.T) {
 			}
 			// All or nothing: the roomy counter was consumed by the
 			// admitted batches only.
-			probe := []limiter.Request{{Key: reqs[1].Key, Limit: reqs[1].Limit}}
-			res := make([]limiter.Result, 1)
-			if err := backends[0].Check(context.Background(), probe, res); err != nil {
-				t.Fatal(err)
-			}
-			if used := reqs[1].Limit.Requests - res[0].Remaining; used != limit {
-				t.Errorf("the second counter of the batches consumed %d, want %d", used, limit)
+			if got := used(t, backends[0], reqs[1]); got != limit {
+				t.Errorf("the second counter of the batches consumed %d, want %d", got, limit)
 			}
 		})
 	}
@@ -124,12 +119,8 @@ func TestCoalescedCallerDeadline(t *testing.T) {
 	}
 	// After the pause: the timed-out Check may or may not have been
 	// decided by Redis (its command was sent), but not twice.
-	probe := []limiter.Request{{Key: req[0].Key, Limit: req[0].Limit, Hits: 0}}
-	if err := b.Check(context.Background(), probe, res); err != nil {
-		t.Fatalf("Check after the pause: %v", err)
-	}
-	if used := 100 - res[0].Remaining; used != 1 && used != 2 {
-		t.Errorf("%d hits counted for one admitted Check and one timed out, want 1 or 2", used)
+	if got := used(t, b, req[0]); got != 1 && got != 2 {
+		t.Errorf("%d hits counted for one admitted Check and one timed out, want 1 or 2", got)
 	}
 }
 

@@ -1,6 +1,7 @@
 package redisbackend
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"sync/atomic"
@@ -64,4 +65,15 @@ func storedState(v string) (st [3]int64, ok bool) {
 		st[i] = int64(binary.LittleEndian.Uint64([]byte(v[8*i:])))
 	}
 	return st, true
+}
+
+// used returns the hits counted on the counter of req, read by a Check of
+// zero hits.
+func used(t testing.TB, b *Backend, req limiter.Request) int64 {
+	t.Helper()
+	res := make([]limiter.Result, 1)
+	if err := b.Check(context.Background(), []limiter.Request{{Key: req.Key, Limit: req.Limit}}, res); err != nil {
+		t.Fatalf("probe: %v", err)
+	}
+	return int64(req.Limit.Requests - res[0].Remaining)
 }

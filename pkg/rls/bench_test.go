@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/envoy-rls/envoy-rls/internal/testenv"
 	"github.com/envoy-rls/envoy-rls/pkg/memorybackend"
 )
 
@@ -45,10 +46,10 @@ func benchService(b *testing.B, files map[string]string) *Service {
 // reportCPU starts measuring the process's CPU time; the returned func
 // reports it per operation as cpu-ns/op (garbage collection included).
 func reportCPU(b *testing.B) func() {
-	start := processCPU()
+	start := testenv.ProcessCPU(b)
 	return func() {
 		if b.N > 0 {
-			b.ReportMetric(float64(processCPU()-start)/float64(b.N), "cpu-ns/op")
+			b.ReportMetric(float64(testenv.ProcessCPU(b)-start)/float64(b.N), "cpu-ns/op")
 		}
 	}
 }
