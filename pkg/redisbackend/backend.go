@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -390,6 +391,16 @@ func replyLen(n int, alt bool) int {
 	return 8 * (2 + 4*n)
 }
 
+// millis converts a figure of the scripts in ms to a Duration, saturating at
+// the largest Duration (292 years) instead of wrapping to a negative one: a
+// window of centuries, or a counter far in the future, yields such figures.
+func millis(ms int64) time.Duration {
+	if ms > math.MaxInt64/int64(time.Millisecond) {
+		return math.MaxInt64
+	}
+	return time.Duration(ms) * time.Millisecond
+}
+
 // decodeReply writes the results of the requests reqs[idx[j]] (all of reqs
 // when idx is nil) from v, the group's part of check.lua's reply, of length
 // replyLen. With alt non-nil it reads the figures without consumption too.
@@ -414,12 +425,12 @@ func decodeReply(v string, idx []int, results []limiter.Result, alt []figures) (
 		results[at(idx, j)] = limiter.Result{
 			Allowed:    num(r) == 1,
 			Remaining:  uint64(num(r + 1)),
-			ResetAfter: time.Duration(num(r+2)) * time.Millisecond,
-			RetryAfter: time.Duration(num(r+3)) * time.Millisecond,
+			ResetAfter: millis(num(r + 2)),
+			RetryAfter: millis(num(r + 3)),
 			Source:     limiter.SourceStore,
 		}
 		if alt != nil {
-			alt[j] = figures{remaining: uint64(num(r + 4)), reset: time.Duration(num(r+5)) * time.Millisecond}
+			alt[j] = figures{remaining: uint64(num(r + 4)), reset: millis(num(r + 5))}
 		}
 	}
 	if bad {

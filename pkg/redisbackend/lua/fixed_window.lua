@@ -12,7 +12,7 @@ local fixed_window = {string_state = true} -- read with MGET
 
 -- load returns the state stored as v (the key's MGET value, false if absent).
 function fixed_window.load(key, w, now, v)
-  return parse_state(v)
+  return parse_windowed(v, w, now)
 end
 
 -- decide returns allowed, remaining, reset_ms, retry_ms and, when it admitted

@@ -134,14 +134,42 @@ local state_format = '<i8i8i8'
 -- shared: nothing may modify it (nor any state a caller did not create).
 local empty_state = {-1, 0, 0}
 
--- parse_state returns the state stored as v (false when the key is absent);
--- an absent or unreadable value is empty_state.
-local function parse_state(v)
+-- exact is 2^53: below it a double holds every integer, so the scripts'
+-- arithmetic is exact.
+local exact = 9007199254740992
+
+-- ahead_max (ms, 366 days) is how far a stored counter's time (the start of
+-- its bucket, a token bucket's last write) may lie ahead of the clock deciding
+-- on it. Instances' and Redis' clocks disagree by seconds and a clock may step
+-- back (both are handled: see behind); a year is no clock error but a value
+-- envoy-rls did not write.
+local ahead_max = 366 * 86400000
+
+-- parse_state returns the state stored as v (false when the key is absent)
+-- if it is 24 bytes of three integers x in [0, max_x] and y, z in [0,
+-- max_yz]. Anything else (absent, of another length, or holding a negative
+-- or too large integer: a value envoy-rls never writes, from another program
+-- sharing the prefix or a corrupted key) is empty_state, and the next
+-- admitted hit overwrites it. Such values must never reach the arithmetic:
+-- beyond 2^53 t + 1 == t, and sw_retry_at would search for an instant
+-- forever, holding Redis BUSY for every client.
+local function parse_state(v, max_x, max_yz)
   if v and #v == 24 then
     local x, y, z = unpack_state(state_format, v)
-    return {x, y, z}
+    if x >= 0 and y >= 0 and z >= 0 and x <= max_x and y <= max_yz and z <= max_yz then
+      return {x, y, z}
+    end
   end
   return empty_state
+end
+
+-- parse_windowed is parse_state for a window counter of window w read at
+-- now: its bucket no more than ahead_max ahead of now, and its bucket and
+-- counts small enough that (b+2)·W and count·W are exact. (The Go side
+-- rejects limits with limit·W >= 2^53, so legitimate counts are far below.)
+local function parse_windowed(v, w, now)
+  local max = floor(exact / w) - 2
+  return parse_state(v, math.min(idiv(now + ahead_max, w), max), max)
 end
 
 -- pack_state returns the stored form of state s.
@@ -170,7 +198,7 @@ local function refund_windowed(key, w, c, now)
   if not v then
     return
   end
-  local s = parse_state(v)
+  local s = parse_windowed(v, w, now)
   if s[1] == idiv(now, w) then
     redis.call('SET', key, pack_state({s[1], math.max(0, s[2] - c), s[3]}), 'KEEPTTL')
   end

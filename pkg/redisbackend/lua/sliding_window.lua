@@ -62,7 +62,7 @@ end
 
 -- load returns the state stored as v (the key's MGET value, false if absent).
 function sliding_window.load(key, w, now, v)
-  return parse_state(v)
+  return parse_windowed(v, w, now)
 end
 
 -- decide returns allowed, remaining, reset_ms, retry_ms and, when it admitted

@@ -39,7 +39,7 @@ end
 
 -- load returns the state stored as v (the key's MGET value, false if absent).
 function token_bucket.load(key, w, now, v)
-  return parse_state(v)
+  return parse_state(v, now + ahead_max, exact - 1)
 end
 
 -- decide returns allowed, remaining, reset_ms, retry_ms and, when it admitted
@@ -86,7 +86,7 @@ end
 -- slot denied): c·W ticks of 1/l ms, converted to the stored unit rounding
 -- down, so a refund never returns more than was taken.
 function token_bucket.refund(key, w, c, l, now)
-  local s = parse_state(redis.call('GET', key))
+  local s = parse_state(redis.call('GET', key), now + ahead_max, exact - 1)
   local at, debt, per = s[1], s[2], s[3]
   if debt == 0 or per == 0 then
     return

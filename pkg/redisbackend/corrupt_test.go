@@ -1,0 +1,118 @@
+package redisbackend
+
+import (
+	"context"
+	"encoding/binary"
+	"maps"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/envoy-rls/envoy-rls/internal/testenv"
+	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+)
+
+// packed returns three integers in the stored form of a counter (parse_state
+// in lua/lib.lua).
+func packed(x, y, z uint64) string {
+	b := make([]byte, 0, 24)
+	for _, v := range []uint64{x, y, z} {
+		b = binary.LittleEndian.AppendUint64(b, v)
+	}
+	return string(b)
+}
+
+// TestForeignCounterValues: a counter key holding a value envoy-rls never
+// writes (another program sharing the prefix, a hand edit) counts as an
+// empty counter, and the next admitted hit overwrites it. In particular a
+// 24-byte value whose integers lie beyond 2^53 must not reach the scripts'
+// arithmetic: there t + 1 == t, and the sliding window's search for the
+// retry instant would loop, holding Redis BUSY for every client.
+func TestForeignCounterValues(t *testing.T) {
+	r := testenv.RedisServer(t)
+	var ps prefixes
+	foreign := map[string]string{
+		"24 bytes of text":     "xxxxxxxxxxxxxxxxxxxxxxxx",
+		"bucket beyond 2^53":   packed(1<<62, 1, 1),
+		"negative bucket":      packed(math.MaxUint64, 5, 5),
+		"count beyond 2^53":    packed(1, 1<<60, 0),
+		"negative count":       packed(1, 1, math.MaxUint64),
+		"bucket·window > 2^53": packed(1<<44, 1, 1),
+		"short":                "short",
+	}
+	// 367 days ahead of the clock: the bucket (windows) or the last write
+	// (token bucket) of no clock error.
+	ahead := uint64(time.Now().Add(367 * 24 * time.Hour).UnixMilli())
+	for _, alg := range []limiter.Algorithm{limiter.SlidingWindow, limiter.FixedWindow, limiter.TokenBucket} {
+		cases := maps.Clone(foreign)
+		if alg == limiter.TokenBucket {
+			cases["a year ahead"] = packed(ahead, 1, 1)
+		} else {
+			cases["a year ahead"] = packed(ahead/uint64(time.Minute.Milliseconds()), 1, 1)
+		}
+		for name, v := range cases {
+			t.Run(alg.String()+"/"+name, func(t *testing.T) {
+				prefix := ps.next()
+				b := newSingle(t, r, prefix, nil)
+				req := limiter.Request{Key: key("foreign"), Limit: limiter.Limit{Algorithm: alg, Requests: 3, Window: time.Minute}, Hits: 1}
+				ctx := context.Background()
+				res := make([]limiter.Result, 1)
+				if err := b.Check(ctx, []limiter.Request{req}, res); err != nil {
+					t.Fatalf("first Check: %v", err)
+				}
+				keys, err := r.Client().Keys(ctx, prefix+"*").Result()
+				if err != nil || len(keys) != 1 {
+					t.Fatalf("KEYS %s*: %v, %v; want one counter", prefix, keys, err)
+				}
+				if err := r.Client().Set(ctx, keys[0], v, time.Minute).Err(); err != nil {
+					t.Fatalf("SET: %v", err)
+				}
+
+				// A script that loops is stopped when the test fails, so that it
+				// does not hold the server BUSY for the tests after it.
+				t.Cleanup(func() {
+					if t.Failed() {
+						r.Client().FunctionKill(context.Background())
+					}
+				})
+				err = b.Check(ctx, []limiter.Request{req}, res)
+				if err != nil {
+					t.Fatalf("Check over the foreign value: %v", err)
+				}
+				if !res[0].Allowed || res[0].Remaining != 2 {
+					t.Errorf("Check over the foreign value: %+v, want allowed with 2 remaining (an empty counter plus this hit)", res[0])
+				}
+				got, err := r.Client().Get(ctx, keys[0]).Result()
+				if err != nil {
+					t.Fatalf("GET: %v", err)
+				}
+				if _, ok := storedState(got); !ok || got == v {
+					t.Errorf("stored value %q after the Check: want a counter envoy-rls wrote", got)
+				}
+				if n := used(t, b, req); n != 1 {
+					t.Errorf("counter holds %d hits, want 1", n)
+				}
+			})
+		}
+	}
+}
+
+// TestMillisSaturates: a figure of the scripts beyond the largest Duration
+// becomes the largest Duration, not a negative one.
+func TestMillisSaturates(t *testing.T) {
+	const maxMs = math.MaxInt64 / int64(time.Millisecond)
+	for _, c := range []struct {
+		ms   int64
+		want time.Duration
+	}{
+		{0, 0},
+		{1500, 1500 * time.Millisecond},
+		{maxMs, time.Duration(maxMs) * time.Millisecond},
+		{maxMs + 1, math.MaxInt64},
+		{math.MaxInt64, math.MaxInt64},
+	} {
+		if got := millis(c.ms); got != c.want {
+			t.Errorf("millis(%d) = %v, want %v", c.ms, got, c.want)
+		}
+	}
+}
