@@ -1,7 +1,8 @@
 -- algorithms.lua: the algorithm modules by the number the drivers receive
 -- (check.lua and refund.lua: 0 sliding_window, 1 fixed_window, 2 token_bucket,
--- 3 sliding_log), and the parser of check.lua's request specs. Concatenated
--- after the four algorithm files. KEYS, ARGV: none. Reply: none.
+-- 3 sliding_log), the parser of check.lua's request specs, and check.lua's
+-- scratch tables. Concatenated after the four algorithm files. KEYS, ARGV:
+-- none. Reply: none.
 
 local algs = {[0] = sliding_window, [1] = fixed_window, [2] = token_bucket, [3] = sliding_log}
 
@@ -38,3 +39,12 @@ local function parse_spec(text)
   spec_count = spec_count + 1
   return p
 end
+
+-- cs is check.lua's scratch (described there): tables reused by every call
+-- of a Function, instead of built and grown per call. n is the number of
+-- distinct keys of the last call, whose cs.pos entries the next call clears.
+local cs = {
+  n = 0, pos = {}, key = {}, raw = {}, st = {}, st0 = {}, slot = {},
+  wmod = {}, wwin = {}, wnow = {}, wlist = {}, idx = {},
+  parsed = {}, first = {}, orig = {}, cur = {},
+}

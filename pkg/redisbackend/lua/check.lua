@@ -41,8 +41,16 @@
 -- written and every request reports remaining and reset on the stored state.
 -- Otherwise every admitted request with hits > 0 consumes, and remaining and
 -- reset are those right after its own decision. Every written key gets its
--- expiry here. A malformed group fails the whole call before anything of a
--- later group is written (the Go side validates, so this is a bug guard).
+-- expiry here. A malformed group fails the whole call before anything of it
+-- or a later group is written (the Go side validates, so this is a bug
+-- guard).
+--
+-- The string counters (windows, token buckets) are read once per call, by
+-- one MGET of every distinct key before the first group, carried from group
+-- to group as each committed group leaves them, and written once per key
+-- after the last group: a key that k groups of the call touch costs one read
+-- and one write instead of k of each. (A sliding log is read and written by
+-- each group, as its own commands require.)
 
 bind_globals()
 local alt = false
@@ -70,14 +78,49 @@ local out = presized(2 * (#ARGV - 1 - #KEYS) + stride * #KEYS)
 local o = 0 -- the last index written in out
 local a = 2 -- the index in ARGV of the next group header
 local k0 = 0 -- the index in KEYS before the next group's first key
--- Scratch of the group being decided, indexed by a request's position i in
--- it and reused by every group of the call: parsed[i] its parsed spec,
--- first[i] the position of the group's first request on the same counter
--- (the counter's slot), and by slot orig (the state as stored) and cur (the
--- tentative state, false while untouched); slot maps a key to its slot
--- while the group is decided.
-local parsed, first, orig, cur, slot = {}, {}, {}, {}, {}
-local ks, kslot = {}, {}
+-- Scratch (cs, algorithms.lua) that outlives the call as a Function. The
+-- call's distinct keys get an index j: cs.pos[key] = j, cs.key[j] = key.
+-- By j: raw the MGET value (false if absent), st the state as the groups
+-- committed so far leave it (false until a group reads it), st0 the state
+-- as stored (it decides whether the final write keeps the key's expiry),
+-- slot the position in the current group of its first request on the key
+-- (false outside it), and wmod, wwin, wnow the module, window and clock of
+-- the key's last committed write (wmod false while unwritten). wlist[1..nw]
+-- are the written keys' indexes. By position in KEYS: idx, the key's j. By
+-- position i in the current group: parsed its spec, first the position of
+-- the group's first request on the same counter, orig the state the group
+-- found, cur the group's tentative state (false while untouched). Every
+-- entry is written before it is read in a call; cs.pos, the one table
+-- looked up by key, is emptied first (a call that failed left it full).
+local pos, ckey, raw, st, st0, kslot = cs.pos, cs.key, cs.raw, cs.st, cs.st0, cs.slot
+local wmod, wwin, wnow, wlist, idx = cs.wmod, cs.wwin, cs.wnow, cs.wlist, cs.idx
+local parsed, first, orig, cur = cs.parsed, cs.first, cs.orig, cs.cur
+local nw = 0
+do
+  for j = 1, cs.n do
+    pos[ckey[j]] = nil
+  end
+  local nd = 0
+  for i = 1, #KEYS do
+    local key = KEYS[i]
+    local j = pos[key]
+    if not j then
+      nd = nd + 1
+      j = nd
+      pos[key], ckey[j] = j, key
+      st[j], kslot[j], wmod[j] = false, false, false
+    end
+    idx[i] = j
+  end
+  cs.n = nd
+  for i = 1, nd, 1000 do
+    local e = math.min(i + 999, nd)
+    local vals = rcall('MGET', unpack_list(ckey, i, e))
+    for j = i, e do
+      raw[j] = vals[j - i + 1]
+    end
+  end
+end
 
 while a <= #ARGV do
   -- The header: "<n>" (Redis TIME), or "<n> <now>".
@@ -101,37 +144,33 @@ while a <= #ARGV do
   end
 
   -- Parse the specs; find each request's counter, the first request of
-  -- the group on the same key (the counter's slot: first[i]); read the
-  -- string counters with one MGET.
-  local nread = 0 -- string counters to read: their keys ks[1..nread], slots kslot[1..nread]
+  -- the group on the same key (the counter's slot: first[i]), and its state
+  -- as the groups before left it.
   for i = 1, n do
     local p = parse_spec(ARGV[a + i])
     if not p then
       return redis.error_reply('ERR envoy-rls check: malformed request spec at ARGV[' .. (a + i) .. ']')
     end
     parsed[i] = p
-    local key = KEYS[k0 + i]
-    local f = slot[key]
+    local j = idx[k0 + i]
+    local f = kslot[j]
     if not f then
       f = i
-      slot[key] = i
+      kslot[j] = i
       cur[i] = false
-      if p[1].string_state then
-        nread = nread + 1
-        ks[nread], kslot[nread] = key, i
+      local m = p[1]
+      if m.string_state then
+        local s = st[j]
+        if not s then
+          s = m.load(ckey[j], p[2], now, raw[j])
+          st[j], st0[j] = s, s
+        end
+        orig[i] = s
       else
-        orig[i] = p[1].load(key, p[2], now, false)
+        orig[i] = m.load(ckey[j], p[2], now, false)
       end
     end
     first[i] = f
-  end
-  if nread > 0 then
-    local vals = rcall('MGET', unpack_list(ks, 1, nread))
-    for j = 1, nread do
-      local i = kslot[j]
-      local p = parsed[i]
-      orig[i] = p[1].load(ks[j], p[2], now, vals[j])
-    end
   end
 
   local veto = false
@@ -178,12 +217,22 @@ while a <= #ARGV do
   end
 
   for i = 1, n do
-    local key = KEYS[k0 + i]
+    local j = idx[k0 + i]
     if not veto and first[i] == i and cur[i] then
       local p = parsed[i]
-      p[1].store(key, p[2], cur[i], orig[i], now)
+      local m = p[1]
+      if m.string_state then
+        st[j] = cur[i]
+        if not wmod[j] then
+          nw = nw + 1
+          wlist[nw] = j
+        end
+        wmod[j], wwin[j], wnow[j] = m, p[2], now
+      else
+        m.store(ckey[j], p[2], cur[i], orig[i], now)
+      end
     end
-    slot[key] = nil
+    kslot[j] = false
   end
   if not veto then
     out[o + 2] = 1
@@ -194,5 +243,9 @@ while a <= #ARGV do
 end
 if k0 ~= #KEYS then
   return redis.error_reply('ERR envoy-rls check: ' .. #KEYS .. ' keys for ' .. k0 .. ' requests')
+end
+for x = 1, nw do
+  local j = wlist[x]
+  wmod[j].store(ckey[j], wwin[j], st[j], st0[j], wnow[j])
 end
 return pack_ints(out)

@@ -1,0 +1,134 @@
+package redisbackend
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/envoy-rls/envoy-rls/internal/testenv"
+	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+)
+
+// TestGroupsOfOneCall: one call of check.lua carrying four groups (the
+// Checks of four callers, as the coalescer sends them) on two counters
+// decides them in order, each seeing what the groups before it committed,
+// a vetoed group consuming nothing; and it reads the counters with one MGET
+// and writes each touched counter once, with its expiry.
+//
+//	group 1: A          admitted
+//	group 2: A          admitted, A is now full
+//	group 3: A, B       A denied: the group is vetoed and B not consumed
+//	group 4: B, B       admitted, B holds 2
+func TestGroupsOfOneCall(t *testing.T) {
+	r := testenv.RedisServer(t)
+	t0 := time.Now()
+	b := newSingle(t, r, DefaultKeyPrefix, func() time.Time { return t0 })
+	ctx := context.Background()
+	for _, alg := range []limiter.Algorithm{limiter.SlidingWindow, limiter.FixedWindow, limiter.TokenBucket} {
+		t.Run(alg.String(), func(t *testing.T) {
+			lim := limiter.Limit{Algorithm: alg, Requests: 2, Window: time.Hour}
+			a := limiter.Request{Key: key(t.Name(), "A"), Limit: lim, Hits: 1}
+			bb := limiter.Request{Key: key(t.Name(), "B"), Limit: lim, Hits: 1}
+			groups := [][]limiter.Request{{a}, {a}, {a, bb}, {bb, bb}}
+			var keys, argv []string
+			for _, reqs := range groups {
+				var g group
+				g.encode(b, reqs, nil)
+				keys = append(keys, g.keys...)
+				argv = append(argv, g.argv...)
+			}
+			before := r.CommandCalls(t)
+			v, err := b.runCheck(ctx, &batch{}, keys, argv, b.flags[0]).Result()
+			if err != nil {
+				t.Fatalf("check: %v", err)
+			}
+			after := r.CommandCalls(t)
+
+			want := []struct {
+				committed bool
+				allowed   []bool
+				remaining []uint64
+			}{
+				{true, []bool{true}, []uint64{1}},
+				{true, []bool{true}, []uint64{0}},
+				{false, []bool{false, true}, []uint64{0, 2}}, // vetoed: figures on the stored state
+				{true, []bool{true, true}, []uint64{1, 0}},
+			}
+			for i, reqs := range groups {
+				k := replyLen(len(reqs), false)
+				if len(v) < k {
+					t.Fatalf("reply too short at group %d", i+1)
+				}
+				res := make([]limiter.Result, len(reqs))
+				now, committed, err := decodeReply(v[:k], nil, res, nil)
+				v = v[k:]
+				if err != nil {
+					t.Fatalf("group %d: %v", i+1, err)
+				}
+				if now != t0.UnixMilli() {
+					t.Errorf("group %d decided at %d, want the injected %d", i+1, now, t0.UnixMilli())
+				}
+				if committed != want[i].committed {
+					t.Errorf("group %d: committed %v, want %v", i+1, committed, want[i].committed)
+				}
+				for j, x := range res {
+					if x.Allowed != want[i].allowed[j] || x.Remaining != want[i].remaining[j] {
+						t.Errorf("group %d request %d: %+v, want allowed %v remaining %d", i+1, j+1, x, want[i].allowed[j], want[i].remaining[j])
+					}
+				}
+			}
+			if len(v) != 0 {
+				t.Errorf("%d bytes of reply left over", len(v))
+			}
+
+			if n := after["mget"] - before["mget"]; n != 1 {
+				t.Errorf("%d MGETs in one call, want 1", n)
+			}
+			if n := after["set"] - before["set"]; n != 2 {
+				t.Errorf("%d SETs in one call, want 2 (one per counter)", n)
+			}
+			for _, k := range []string{keys[0], keys[2]} { // A, B
+				if ttl, err := r.Client().PTTL(ctx, k).Result(); err != nil || ttl <= 0 {
+					t.Errorf("counter %s: PTTL %v, %v; want an expiry", k, ttl, err)
+				}
+			}
+			if got := used(t, b, a); got != 2 {
+				t.Errorf("A holds %d hits, want 2", got)
+			}
+			if got := used(t, b, bb); got != 2 {
+				t.Errorf("B holds %d hits, want 2 (the vetoed group consumed nothing)", got)
+			}
+		})
+	}
+}
+
+// TestFailedCallLeavesNoScratch: a call that fails half-way (a malformed
+// spec in its second group) leaves check.lua's scratch, which outlives a
+// call as a Function, in a state that misleads no later call: the next
+// call's keys, one of them the failed call's, map to their own counters,
+// and the failed call wrote nothing.
+func TestFailedCallLeavesNoScratch(t *testing.T) {
+	r := testenv.RedisServer(t)
+	b := newSingle(t, r, DefaultKeyPrefix, nil)
+	ctx := context.Background()
+	lim := limiter.Limit{Requests: 10, Window: time.Hour}
+	a := limiter.Request{Key: key(t.Name(), "A"), Limit: lim, Hits: 3}
+	c := limiter.Request{Key: key(t.Name(), "C"), Limit: lim, Hits: 1}
+
+	var g group
+	g.encode(b, []limiter.Request{a}, nil)
+	keys := append(append([]string{}, g.keys...), g.keys...)
+	argv := append(append([]string{}, g.argv...), "1", "9 1 1 1 1 0") // algorithm 9: malformed
+	if err := b.runCheck(ctx, &batch{}, keys, argv, b.flags[0]).Err(); err == nil || !strings.Contains(err.Error(), "malformed request spec") {
+		t.Fatalf("malformed call: %v, want the script's malformed request spec error", err)
+	}
+
+	res := make([]limiter.Result, 2)
+	if err := b.Check(ctx, []limiter.Request{c, a}, res); err != nil {
+		t.Fatalf("Check after the failed call: %v", err)
+	}
+	if res[0].Remaining != 9 || res[1].Remaining != 7 {
+		t.Errorf("C remaining %d, A remaining %d; want 9 and 7 (own counters, nothing of the failed call)", res[0].Remaining, res[1].Remaining)
+	}
+}
