@@ -277,7 +277,6 @@ func (c *coalescer) lead(bt *batch, first *job) {
 	}
 	jobs := append(bt.jobs[:0], first)
 	n := len(first.g.keys)
-	take := 0
 	for _, q := range c.queue {
 		if n+len(q.g.keys) > c.maxBatch {
 			break
@@ -285,9 +284,8 @@ func (c *coalescer) lead(bt *batch, first *job) {
 		q.queued = false
 		jobs = append(jobs, q)
 		n += len(q.g.keys)
-		take++
 	}
-	c.dequeue(take)
+	c.dequeue(len(jobs) - 1)
 	c.mu.Unlock()
 	bt.jobs = jobs
 	c.send(bt, jobs)

@@ -45,6 +45,6 @@ end
 -- distinct keys of the last call, whose cs.pos entries the next call clears.
 local cs = {
   n = 0, pos = {}, key = {}, raw = {}, st = {}, st0 = {}, slot = {},
-  wmod = {}, wwin = {}, wnow = {}, wlist = {}, idx = {},
+  wspec = {}, wnow = {}, wlist = {}, idx = {},
   parsed = {}, first = {}, orig = {}, cur = {},
 }

@@ -84,8 +84,9 @@ local k0 = 0 -- the index in KEYS before the next group's first key
 -- committed so far leave it (false until a group reads it), st0 the state
 -- as stored (it decides whether the final write keeps the key's expiry),
 -- slot the position in the current group of its first request on the key
--- (false outside it), and wmod, wwin, wnow the module, window and clock of
--- the key's last committed write (wmod false while unwritten). wlist[1..nw]
+-- (false outside it), and wspec, wnow the parsed spec (its module and
+-- window: they are part of the key) and the clock of the key's last
+-- committed write (wspec false while unwritten). wlist[1..nw]
 -- are the written keys' indexes. By position in KEYS: idx, the key's j. By
 -- position i in the current group: parsed its spec, first the position of
 -- the group's first request on the same counter, orig the state the group
@@ -93,7 +94,7 @@ local k0 = 0 -- the index in KEYS before the next group's first key
 -- entry is written before it is read in a call; cs.pos, the one table
 -- looked up by key, is emptied first (a call that failed left it full).
 local pos, ckey, raw, st, st0, kslot = cs.pos, cs.key, cs.raw, cs.st, cs.st0, cs.slot
-local wmod, wwin, wnow, wlist, idx = cs.wmod, cs.wwin, cs.wnow, cs.wlist, cs.idx
+local wspec, wnow, wlist, idx = cs.wspec, cs.wnow, cs.wlist, cs.idx
 local parsed, first, orig, cur = cs.parsed, cs.first, cs.orig, cs.cur
 local nw = 0
 do
@@ -108,7 +109,7 @@ do
       nd = nd + 1
       j = nd
       pos[key], ckey[j] = j, key
-      st[j], kslot[j], wmod[j] = false, false, false
+      st[j], kslot[j], wspec[j] = false, false, false
     end
     idx[i] = j
   end
@@ -223,11 +224,11 @@ while a <= #ARGV do
       local m = p[1]
       if m.string_state then
         st[j] = cur[i]
-        if not wmod[j] then
+        if not wspec[j] then
           nw = nw + 1
           wlist[nw] = j
         end
-        wmod[j], wwin[j], wnow[j] = m, p[2], now
+        wspec[j], wnow[j] = p, now
       else
         m.store(ckey[j], p[2], cur[i], orig[i], now)
       end
@@ -246,6 +247,7 @@ if k0 ~= #KEYS then
 end
 for x = 1, nw do
   local j = wlist[x]
-  wmod[j].store(ckey[j], wwin[j], st[j], st0[j], wnow[j])
+  local p = wspec[j]
+  p[1].store(ckey[j], p[2], st[j], st0[j], wnow[j])
 end
 return pack_ints(out)

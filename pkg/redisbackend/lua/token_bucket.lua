@@ -17,6 +17,12 @@
 
 local token_bucket = {string_state = true} -- read with MGET
 
+-- tb_parse returns the state stored as v, read at now: its last write no
+-- more than ahead_max ahead of now (parse_state in lib.lua).
+local function tb_parse(v, now)
+  return parse_state(v, now + ahead_max, exact - 1)
+end
+
 -- tb_debt is the debt at now in ticks of 1/l ms.
 local function tb_debt(s, now, l)
   local at, debt, per = s[1], s[2], s[3]
@@ -39,7 +45,7 @@ end
 
 -- load returns the state stored as v (the key's MGET value, false if absent).
 function token_bucket.load(key, w, now, v)
-  return parse_state(v, now + ahead_max, exact - 1)
+  return tb_parse(v, now)
 end
 
 -- decide returns allowed, remaining, reset_ms, retry_ms and, when it admitted
@@ -86,7 +92,7 @@ end
 -- slot denied): c·W ticks of 1/l ms, converted to the stored unit rounding
 -- down, so a refund never returns more than was taken.
 function token_bucket.refund(key, w, c, l, now)
-  local s = parse_state(redis.call('GET', key), now + ahead_max, exact - 1)
+  local s = tb_parse(redis.call('GET', key), now)
   local at, debt, per = s[1], s[2], s[3]
   if debt == 0 or per == 0 then
     return
