@@ -54,11 +54,10 @@ import (
 // other.
 //
 // Shared fate: a call that fails (its earliest deadline passes, the
-// connection breaks, or the script errs on one group, e.g. WRONGTYPE on a
-// key another program wrote) fails every Check it carried with
-// limiter.ErrUnavailable, and each is answered by its rule's failure mode;
-// groups the script decided before the error keep what they counted, as
-// with a lost reply. Never an over-admission: at worst hits counted for
+// connection breaks, Redis refuses the script for being out of memory)
+// fails every Check it carried with limiter.ErrUnavailable, and each is
+// answered by its rule's failure mode; groups the script decided before the
+// error keep what they counted, as with a lost reply. Never an over-admission: at worst hits counted for
 // callers who were told the store failed.
 
 // Defaults of the coalescing options.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/envoy-rls/envoy-rls/internal/testenv"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+	"github.com/redis/go-redis/v9"
 )
 
 // packed returns three integers in the stored form of a counter (parse_state
@@ -52,48 +53,103 @@ func TestForeignCounterValues(t *testing.T) {
 		}
 		for name, v := range cases {
 			t.Run(alg.String()+"/"+name, func(t *testing.T) {
-				prefix := ps.next()
-				b := newSingle(t, r, prefix, nil)
-				req := limiter.Request{Key: key("foreign"), Limit: limiter.Limit{Algorithm: alg, Requests: 3, Window: time.Minute}, Hits: 1}
-				ctx := context.Background()
-				res := make([]limiter.Result, 1)
-				if err := b.Check(ctx, []limiter.Request{req}, res); err != nil {
-					t.Fatalf("first Check: %v", err)
-				}
-				keys, err := r.Client().Keys(ctx, prefix+"*").Result()
-				if err != nil || len(keys) != 1 {
-					t.Fatalf("KEYS %s*: %v, %v; want one counter", prefix, keys, err)
-				}
-				if err := r.Client().Set(ctx, keys[0], v, time.Minute).Err(); err != nil {
-					t.Fatalf("SET: %v", err)
-				}
-
-				// A script that loops is stopped when the test fails, so that it
-				// does not hold the server BUSY for the tests after it.
-				t.Cleanup(func() {
-					if t.Failed() {
-						r.Client().FunctionKill(context.Background())
+				overwritten(t, r, ps.next(), alg, func(ctx context.Context, c *redis.Client, k string) error {
+					return c.Set(ctx, k, v, time.Minute).Err()
+				}, func(ctx context.Context, c *redis.Client, k string) {
+					got, err := c.Get(ctx, k).Result()
+					if err != nil {
+						t.Fatalf("GET: %v", err)
+					}
+					if _, ok := storedState(got); !ok || got == v {
+						t.Errorf("stored value %q after the Check: want a counter envoy-rls wrote", got)
 					}
 				})
-				err = b.Check(ctx, []limiter.Request{req}, res)
-				if err != nil {
-					t.Fatalf("Check over the foreign value: %v", err)
-				}
-				if !res[0].Allowed || res[0].Remaining != 2 {
-					t.Errorf("Check over the foreign value: %+v, want allowed with 2 remaining (an empty counter plus this hit)", res[0])
-				}
-				got, err := r.Client().Get(ctx, keys[0]).Result()
-				if err != nil {
-					t.Fatalf("GET: %v", err)
-				}
-				if _, ok := storedState(got); !ok || got == v {
-					t.Errorf("stored value %q after the Check: want a counter envoy-rls wrote", got)
-				}
-				if n := used(t, b, req); n != 1 {
-					t.Errorf("counter holds %d hits, want 1", n)
-				}
 			})
 		}
+	}
+}
+
+// TestForeignKeyTypes: a counter key of another Redis type than the
+// algorithm's counts as an empty counter and is replaced by the next
+// admitted hit. It must not fail the call (WRONGTYPE), which would fail
+// every coalesced request it carries, other clients' too.
+func TestForeignKeyTypes(t *testing.T) {
+	r := testenv.RedisServer(t)
+	var ps prefixes
+	types := map[string]func(ctx context.Context, c *redis.Client, k string) error{
+		"string": func(ctx context.Context, c *redis.Client, k string) error {
+			return c.Set(ctx, k, "v", time.Minute).Err()
+		},
+		"list": func(ctx context.Context, c *redis.Client, k string) error { return c.RPush(ctx, k, "a", "b").Err() },
+		"hash": func(ctx context.Context, c *redis.Client, k string) error { return c.HSet(ctx, k, "f", "1").Err() },
+		"sorted set": func(ctx context.Context, c *redis.Client, k string) error {
+			return c.ZAdd(ctx, k, redis.Z{Score: 1, Member: "x"}).Err()
+		},
+	}
+	for _, alg := range []limiter.Algorithm{limiter.SlidingWindow, limiter.FixedWindow, limiter.TokenBucket, limiter.SlidingLog} {
+		own, want := "string", "string" // the algorithm's type: its name here and TYPE's
+		if alg == limiter.SlidingLog {
+			own, want = "sorted set", "zset"
+		}
+		for name, write := range types {
+			if name == own {
+				continue
+			}
+			t.Run(alg.String()+"/"+name, func(t *testing.T) {
+				overwritten(t, r, ps.next(), alg, write, func(ctx context.Context, c *redis.Client, k string) {
+					if got, err := c.Type(ctx, k).Result(); err != nil || got != want {
+						t.Errorf("TYPE after the Check = %q, %v; want %s", got, err, want)
+					}
+				})
+			})
+		}
+	}
+}
+
+// overwritten counts one hit on a fresh counter of alg (limit 3 a minute)
+// under prefix, overwrites its key with write, and checks that the next
+// Check answers as on an empty counter (admitted, 2 remaining), that the
+// counter then holds exactly that hit, and stored (the key as envoy-rls
+// rewrote it).
+func overwritten(t *testing.T, r *testenv.Redis, prefix string, alg limiter.Algorithm,
+	write func(ctx context.Context, c *redis.Client, k string) error,
+	stored func(ctx context.Context, c *redis.Client, k string)) {
+	t.Helper()
+	b := newSingle(t, r, prefix, nil)
+	req := limiter.Request{Key: key("foreign"), Limit: limiter.Limit{Algorithm: alg, Requests: 3, Window: time.Minute}, Hits: 1}
+	ctx := context.Background()
+	res := make([]limiter.Result, 1)
+	if err := b.Check(ctx, []limiter.Request{req}, res); err != nil {
+		t.Fatalf("first Check: %v", err)
+	}
+	c := r.Client()
+	keys, err := c.Keys(ctx, prefix+"*").Result()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("KEYS %s*: %v, %v; want one counter", prefix, keys, err)
+	}
+	if err := c.Del(ctx, keys[0]).Err(); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	if err := write(ctx, c, keys[0]); err != nil {
+		t.Fatalf("writing the foreign key: %v", err)
+	}
+
+	// A script that loops is stopped when the test fails, so that it
+	// does not hold the server BUSY for the tests after it.
+	t.Cleanup(func() {
+		if t.Failed() {
+			c.FunctionKill(context.Background())
+		}
+	})
+	if err := b.Check(ctx, []limiter.Request{req}, res); err != nil {
+		t.Fatalf("Check over the foreign key: %v", err)
+	}
+	if !res[0].Allowed || res[0].Remaining != 2 {
+		t.Errorf("Check over the foreign key: %+v, want allowed with 2 remaining (an empty counter plus this hit)", res[0])
+	}
+	stored(ctx, c, keys[0])
+	if n := used(t, b, req); n != 1 {
+		t.Errorf("counter holds %d hits, want 1", n)
 	}
 }
 

@@ -253,19 +253,19 @@ func TestUnavailable(t *testing.T) {
 			t.Errorf("restarted (empty) Redis denied: %+v", res[0])
 		}
 	})
-	t.Run("script error", func(t *testing.T) {
-		// A counter key of the wrong type makes the script fail: still a
-		// failure to decide. (The string counters are read with MGET, which
-		// answers nil for a key of another type, and then overwrite it; a
-		// sliding log is counted with ZCOUNT, which fails on a string.)
-		lim := limiter.Limit{Algorithm: limiter.SlidingLog, Requests: 10, Window: time.Minute}
-		req := limiter.Request{Key: key(t.Name()), Limit: lim, Hits: 1}
-		if err := r.Client().Set(ctx, baseKey(DefaultKeyPrefix, req), "v", 0).Err(); err != nil {
-			t.Fatalf("SET: %v", err)
+	t.Run("out of memory", func(t *testing.T) {
+		// Redis refuses the script (it writes) once its memory is over
+		// maxmemory: a failure to decide, not a malformed request.
+		c := r.Client()
+		if err := c.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+			t.Fatalf("CONFIG SET maxmemory: %v", err)
 		}
-		err := b.Check(ctx, []limiter.Request{req}, res)
-		if !errors.Is(err, limiter.ErrUnavailable) || !strings.Contains(err.Error(), "WRONGTYPE") {
-			t.Errorf("Check on a wrongly typed key = %v, want ErrUnavailable with WRONGTYPE", err)
+		err := check()
+		if err := c.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+			t.Fatalf("CONFIG SET maxmemory 0: %v", err)
+		}
+		if !errors.Is(err, limiter.ErrUnavailable) || !strings.Contains(err.Error(), "OOM") {
+			t.Errorf("Check on a Redis out of memory = %v, want ErrUnavailable with OOM", err)
 		}
 	})
 	t.Run("closed", func(t *testing.T) {

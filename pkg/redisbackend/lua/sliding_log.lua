@@ -11,11 +11,28 @@
 -- own; the driver passes the key. State table: {key, n = stored hits later
 -- than now−W, added = tentative hits of this batch at now}. Stored hits are
 -- counted and located with ZCOUNT and ZRANGE BYSCORE ... LIMIT, never loaded
--- whole.
+-- whole. A key of another type (another program writing under the prefix)
+-- counts as an empty log and is replaced by the next admitted hit, as a
+-- foreign value in a string counter is (lib.lua): it must not fail the call,
+-- which carries other callers' requests.
 
 -- The log is not a string: the driver does not read it with MGET (v is
 -- always false here); load counts it.
 local sliding_log = {string_state = false}
+
+-- sl_pcall runs a sorted-set command that reads or trims the log and returns
+-- its reply, or nil when the key holds another type; any other error is
+-- raised as it is.
+local function sl_pcall(...)
+  local r = redis.pcall(...)
+  if type(r) == 'table' and r.err then
+    if string.sub(r.err, 1, 9) == 'WRONGTYPE' then
+      return nil
+    end
+    error(r)
+  end
+  return r
+end
 
 -- sl_nth returns the time of the k-th oldest stored hit later than cutoff.
 local function sl_nth(key, cutoff, k)
@@ -25,7 +42,7 @@ local function sl_nth(key, cutoff, k)
 end
 
 function sliding_log.load(key, w, now, v)
-  return {key = key, n = redis.call('ZCOUNT', key, '(' .. fmt_int(now - w), '+inf'), added = 0}
+  return {key = key, n = sl_pcall('ZCOUNT', key, '(' .. fmt_int(now - w), '+inf') or 0, added = 0}
 end
 
 -- decide returns allowed, remaining, reset_ms, retry_ms and the new state.
@@ -63,7 +80,9 @@ function sliding_log.decide(s, now, w, l, cap, c, consume)
 end
 
 function sliding_log.store(key, w, s, o, now)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt_int(now - w))
+  if not sl_pcall('ZREMRANGEBYSCORE', key, '-inf', fmt_int(now - w)) then
+    redis.call('DEL', key) -- another type, counted as an empty log by load
+  end
   local todo = s.added
   local t = fmt_int(now)
   -- Next seq: one more than the highest member at score now (members of
