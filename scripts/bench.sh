@@ -24,6 +24,13 @@
 # The "ceiling" column is each run's rate as a fraction of the do-nothing
 # server's at the same number of callers.
 #
+# Server latency: on the envoy-rls rows rls-bench also scrapes envoy-rls's
+# envoy_rls_request_duration_seconds before and after each measured phase and
+# reports its p50 and p99 ("server p50/p99 ms", estimated from the
+# histogram's buckets: 50 µs, 100 µs, 200 µs, ... 1.6 ms, ...): the time
+# envoy-rls itself took to answer, without what gRPC's transport, the
+# loopback, the kernel's scheduling and the generator add.
+#
 # CPU: rls-bench reads utime+stime from /proc/<pid>/stat of envoy-rls and
 # redis-server just before and after each measured phase (warm-up excluded)
 # and reports CPU µs per request ("rls µs/req", "redis µs/req"; "bench µs/req"
@@ -212,7 +219,10 @@ bench() {
 	fi
 }
 
-rls() { bench "$@" --addr "127.0.0.1:$RLS_GRPC" --domain bench --cpu "rls=$RLS_PID" --cpu "redis=$REDIS_PID"; }
+rls() {
+	bench "$@" --addr "127.0.0.1:$RLS_GRPC" --domain bench --cpu "rls=$RLS_PID" --cpu "redis=$REDIS_PID" \
+		--server-metrics "http://127.0.0.1:$RLS_HTTP/metrics"
+}
 
 THREE=(--descriptor 'remote_address=10.{i}' --descriptor 'tenant=t{i%100},user=u{i}' --descriptor 'route=/api/r{i%20}')
 FOUR=(--descriptor 'remote_address=10.{i}' --descriptor 'plan=p{i%10},user=u{i}' --descriptor 'route=/api/r{i%20}')

@@ -18,6 +18,12 @@
 // requests in flight, and requests a saturated generator sends late still
 // count their lateness.
 //
+// --server-metrics URL scrapes the target's latency histogram
+// (--server-histogram, by default envoy-rls's
+// envoy_rls_request_duration_seconds) before and after the measured phase and
+// reports the server's own p50 and p99 beside the generator's: the
+// difference is the transport's, the kernel's and the generator's.
+//
 // The ceiling: --self-test (alias --ceiling) starts a do-nothing server in
 // this process on 127.0.0.1:0 and runs the identical load against it first;
 // --ceiling-addr uses a do-nothing server already running elsewhere, e.g.
@@ -38,6 +44,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -110,6 +117,8 @@ func parseLoad(args []string, stderr io.Writer) (loadConfig, error) {
 		descriptors multiFlag
 		cpus        multiFlag
 		hits        uint
+		srvMetrics  string
+		srvHist     string
 		o           = &cfg.opts
 	)
 	fs := flag.NewFlagSet("rls-bench", flag.ContinueOnError)
@@ -134,6 +143,8 @@ func parseLoad(args []string, stderr io.Writer) (loadConfig, error) {
 	fs.StringVar(&cfg.ceilingAddr, "ceiling-addr", "", "like --self-test, but against a do-nothing server at this address (rls-bench serve-noop)")
 	fs.BoolVar(&cfg.isCeiling, "is-ceiling", false, "mark this run as a ceiling run (the target is a do-nothing server), for the report subcommand")
 	fs.Var(&cpus, "cpu", "name=pid (or name=self): report that process's CPU µs per request over the measured phase; repeatable")
+	fs.StringVar(&srvMetrics, "server-metrics", "", "URL of the target's Prometheus metrics (e.g. http://127.0.0.1:8080/metrics): report the target's own p50/p99 over the measured phase from --server-histogram")
+	fs.StringVar(&srvHist, "server-histogram", "envoy_rls_request_duration_seconds", "with --server-metrics: the target's latency histogram (in seconds; its series are added together)")
 	fs.Uint64Var(&o.Seed, "seed", 0, "seed of the random indexes (0: random)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage:\n  rls-bench --addr host:port [flags]\n  rls-bench serve-noop [--addr :8089]\n  rls-bench report [results.jsonl ...]\n\nFlags:\n")
@@ -170,6 +181,18 @@ func parseLoad(args []string, stderr io.Writer) (loadConfig, error) {
 		}
 		o.Descriptors = append(o.Descriptors, t)
 	}
+	if srvMetrics != "" {
+		u, err := url.Parse(srvMetrics)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return cfg, fmt.Errorf("--server-metrics %q: want an http:// or https:// URL", srvMetrics)
+		}
+		if srvHist == "" {
+			return cfg, errors.New("--server-histogram must name a histogram")
+		}
+		o.Server = &bench.ServerHistogram{URL: srvMetrics, Metric: srvHist}
+	} else if set["server-histogram"] {
+		return cfg, errors.New("--server-histogram needs --server-metrics")
+	}
 	for _, c := range cpus {
 		p, err := bench.ParseCPUProbe(c)
 		if err != nil {
@@ -188,8 +211,9 @@ func load(ctx context.Context, cfg loadConfig, stderr io.Writer) ([]*bench.Resul
 	if cfg.selfTest || cfg.ceilingAddr != "" {
 		co := cfg.opts
 		// The probed processes other than this one are idle during the
-		// ceiling run: keep only the probes of this process.
-		co.CPU = nil
+		// ceiling run: keep only the probes of this process. The
+		// do-nothing server has no metrics.
+		co.CPU, co.Server = nil, nil
 		for _, p := range cfg.opts.CPU {
 			if p.PID == 0 {
 				co.CPU = append(co.CPU, p)

@@ -81,6 +81,10 @@ func TestParseLoad(t *testing.T) {
 		o.Warmup != 2*time.Second || o.Domain != "edge" || o.Timeout != time.Second || o.Cardinality != 1 {
 		t.Errorf("parsed %+v", cfg)
 	}
+	cfg, err = parseLoad([]string{"--addr", "h:1", "--server-metrics", "http://127.0.0.1:8080/metrics"}, &bytes.Buffer{})
+	if err != nil || cfg.opts.Server == nil || *cfg.opts.Server != (bench.ServerHistogram{URL: "http://127.0.0.1:8080/metrics", Metric: "envoy_rls_request_duration_seconds"}) {
+		t.Errorf("--server-metrics: %+v, %v", cfg.opts.Server, err)
+	}
 	cfg, err = parseLoad([]string{"--addr", "h:1"}, &bytes.Buffer{})
 	if err != nil || len(cfg.opts.Descriptors) != 1 || cfg.opts.Descriptors[0].String() != "remote_address=10.0.{i}" {
 		t.Errorf("default descriptor: %+v, %v", cfg.opts.Descriptors, err)
@@ -93,6 +97,9 @@ func TestParseLoad(t *testing.T) {
 		{"--addr", "h:1", "--hits", "4294967296"},
 		{"--addr", "h:1", "--cpu", "rls"},
 		{"--addr", "h:1", "extra"},
+		{"--addr", "h:1", "--server-histogram", "x_seconds"},
+		{"--addr", "h:1", "--server-metrics", "127.0.0.1:8080/metrics"},
+		{"--addr", "h:1", "--server-metrics", "http://127.0.0.1:8080/metrics", "--server-histogram", ""},
 	} {
 		if _, err := parseLoad(bad, &bytes.Buffer{}); err == nil {
 			t.Errorf("parseLoad(%q): no error", bad)

@@ -48,6 +48,9 @@ type Result struct {
 	// CPU is the CPU time each probed process used per completed request
 	// during the measured phase.
 	CPU []CPUUse `json:"cpu,omitempty"`
+	// Server is the target's own latency over the measured phase, from its
+	// histogram (Options.Server); nil when not probed.
+	Server *ServerLatency `json:"server,omitempty"`
 	// Runs is the number of runs a median result stands for (see Medians);
 	// 0 for a single run.
 	Runs int `json:"runs,omitempty"`
@@ -214,6 +217,30 @@ func Medians(rs []*Result) []*Result {
 			}
 			m.CPU = append(m.CPU, CPUUse{Name: c.Name, Seconds: median(secs), MicrosPerReq: median(per)})
 		}
+		m.Server = nil
+		var srv []*ServerLatency
+		for _, r := range g {
+			if r.Server != nil {
+				srv = append(srv, r.Server)
+			}
+		}
+		if len(srv) > 0 {
+			smed := func(f func(*ServerLatency) float64) float64 {
+				v := make([]float64, len(srv))
+				for i, x := range srv {
+					v[i] = f(x)
+				}
+				return median(v)
+			}
+			m.Server = &ServerLatency{
+				P50: smed(func(x *ServerLatency) float64 { return x.P50 }),
+				P90: smed(func(x *ServerLatency) float64 { return x.P90 }),
+				P99: smed(func(x *ServerLatency) float64 { return x.P99 }),
+			}
+			for _, x := range srv {
+				m.Server.Requests += x.Requests
+			}
+		}
 		out = append(out, &m)
 	}
 	return out
@@ -271,9 +298,10 @@ func ReadJSON(rd io.Reader) ([]*Result, error) {
 	return rs, nil
 }
 
-// WriteTable writes the results as an aligned table: one row per run, one
-// "<name> µs/req" column per CPU probe name seen in any result, and the
-// fraction of the ceiling when known. Latencies are in milliseconds.
+// WriteTable writes the results as an aligned table: one row per run, the
+// server's own p50 and p99 when any result has them, one "<name> µs/req"
+// column per CPU probe name seen in any result, and the fraction of the
+// ceiling when known. Latencies are in milliseconds.
 func WriteTable(w io.Writer, rs []*Result) error {
 	var cpuNames []string
 	for _, r := range rs {
@@ -283,13 +311,17 @@ func WriteTable(w io.Writer, rs []*Result) error {
 			}
 		}
 	}
-	runs := false
+	runs, server := false, false
 	for _, r := range rs {
 		runs = runs || r.Runs > 1
+		server = server || r.Server != nil
 	}
 	head := []string{"label", "target", "callers", "rps", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms", "OK", "OVER_LIMIT", "errors", "ceiling"}
 	if runs {
 		head = slices.Insert(head, 3, "runs")
+	}
+	if server {
+		head = append(head, "server p50 ms", "server p99 ms")
 	}
 	for _, n := range cpuNames {
 		head = append(head, n+" µs/req")
@@ -314,6 +346,13 @@ func WriteTable(w io.Writer, rs []*Result) error {
 		}
 		if runs {
 			row = slices.Insert(row, 3, fmt.Sprint(max(r.Runs, 1)))
+		}
+		if server {
+			if r.Server != nil && r.Server.Requests > 0 {
+				row = append(row, lat(r.Server.P50), lat(r.Server.P99))
+			} else {
+				row = append(row, "-", "-")
+			}
 		}
 		for _, n := range cpuNames {
 			cell := "-"

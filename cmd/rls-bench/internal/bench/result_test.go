@@ -136,6 +136,9 @@ func TestMedians(t *testing.T) {
 		run("a", 64, 12000, 20, 50, 1), // another load, run once
 	}
 	in[0].Ceiling, in[2].Ceiling, in[4].Ceiling = true, true, true
+	for i, p99 := range map[int]float64{1: 0.5, 3: 0.9, 5: 0.7} {
+		in[i].Server = &ServerLatency{Requests: in[i].OK, P50: p99 / 2, P90: p99 / 2, P99: p99}
+	}
 	got := Medians(in)
 	if len(got) != 3 {
 		t.Fatalf("%d results, want 3 (ceiling, a@16, a@64): %+v", len(got), got)
@@ -146,6 +149,9 @@ func TestMedians(t *testing.T) {
 	}
 	if a.Label != "a" || a.Runs != 3 || a.RPS != 8000 || a.P99 != 7 || a.OK != 60 || a.CPU[0].MicrosPerReq != 90 {
 		t.Errorf("a median = %+v", a)
+	}
+	if a.Server == nil || a.Server.P99 != 0.7 || a.Server.P50 != 0.35 || a.Server.Requests != 60 || c.Server != nil {
+		t.Errorf("server latency medians: a %+v, ceiling %+v; want a's p99 0.7, p50 0.35 over 60 requests, none for the ceiling", a.Server, c.Server)
 	}
 	if once != in[6] {
 		t.Errorf("a load run once changed: %+v", once)

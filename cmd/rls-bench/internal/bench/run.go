@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -68,6 +69,9 @@ type Options struct {
 	// CPU lists processes whose CPU time (user + system) is read before and
 	// after the measured phase, to report CPU µs per request.
 	CPU []CPUProbe
+	// Server, when set, is the target's latency histogram, scraped before
+	// and after the measured phase (Result.Server).
+	Server *ServerHistogram
 	// Seed makes the index sequence reproducible; 0 picks a random seed.
 	Seed uint64
 	// Now is the clock (monotonic readings are used for intervals).
@@ -149,6 +153,17 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			return nil, fmt.Errorf("bench %s: warm-up: %w", o.Label, err)
 		}
 	}
+	scrape := func() ([]bucket, error) {
+		if o.Server == nil {
+			return nil, nil
+		}
+		hc := &http.Client{Timeout: o.ConnectTimeout}
+		return scrapeHistogram(ctx, hc, *o.Server)
+	}
+	hBefore, err := scrape()
+	if err != nil {
+		return nil, fmt.Errorf("bench %s: %w", o.Label, err)
+	}
 	before, err := readCPU(o.CPU)
 	if err != nil {
 		return nil, fmt.Errorf("bench %s: %w", o.Label, err)
@@ -161,7 +176,17 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bench %s: %w", o.Label, err)
 	}
-	return newResult(o, m, before, after), nil
+	hAfter, err := scrape()
+	if err != nil {
+		return nil, fmt.Errorf("bench %s: %w", o.Label, err)
+	}
+	r := newResult(o, m, before, after)
+	if o.Server != nil {
+		if r.Server, err = serverLatency(hBefore, hAfter); err != nil {
+			return nil, fmt.Errorf("bench %s: %w", o.Label, err)
+		}
+	}
+	return r, nil
 }
 
 // dial opens o.Connections client connections and waits until each is
