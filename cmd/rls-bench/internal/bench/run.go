@@ -70,7 +70,8 @@ type Options struct {
 	// after the measured phase, to report CPU µs per request.
 	CPU []CPUProbe
 	// Server, when set, is the target's latency histogram, scraped before
-	// and after the measured phase (Result.Server).
+	// and after the measured phase (Result.Server); each scrape is bounded
+	// by ConnectTimeout.
 	Server *ServerHistogram
 	// Seed makes the index sequence reproducible; 0 picks a random seed.
 	Seed uint64
