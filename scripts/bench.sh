@@ -54,6 +54,9 @@
 #   BENCH_RLS_ARGS   extra envoy-rls flags, e.g. "--redis.senders -1" (word-split)
 #   BENCH_RLS_ENV    extra environment of envoy-rls alone, e.g. "GOMAXPROCS=1"
 #                    (word-split, given to env(1))
+#   BENCH_SERVER_HISTOGRAM  the envoy-rls histogram behind "server p50/p99 ms"
+#                    (default envoy_rls_request_duration_seconds;
+#                    envoy_rls_store_duration_seconds shows the wait for Redis)
 #
 # Needs: go, redis-server in PATH (`make test` installs it, or
 # scripts/install-deps.sh). Nothing else (no curl, no redis-cli, no jq).
@@ -77,6 +80,7 @@ BENCH_SCENARIOS="${BENCH_SCENARIOS:-ceiling one-key many-keys three-desc four-li
 BENCH_OUT="${BENCH_OUT:-}"
 BENCH_RLS_ARGS="${BENCH_RLS_ARGS:-}"
 BENCH_RLS_ENV="${BENCH_RLS_ENV:-}"
+BENCH_SERVER_HISTOGRAM="${BENCH_SERVER_HISTOGRAM:-envoy_rls_request_duration_seconds}"
 
 BIN="$ROOT/.tools/bin"
 log() { printf 'bench: %s\n' "$*" >&2; }
@@ -221,7 +225,7 @@ bench() {
 
 rls() {
 	bench "$@" --addr "127.0.0.1:$RLS_GRPC" --domain bench --cpu "rls=$RLS_PID" --cpu "redis=$REDIS_PID" \
-		--server-metrics "http://127.0.0.1:$RLS_HTTP/metrics"
+		--server-metrics "http://127.0.0.1:$RLS_HTTP/metrics" --server-histogram "$BENCH_SERVER_HISTOGRAM"
 }
 
 THREE=(--descriptor 'remote_address=10.{i}' --descriptor 'tenant=t{i%100},user=u{i}' --descriptor 'route=/api/r{i%20}')
