@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -74,15 +75,15 @@ func scrapeHistogram(ctx context.Context, client *http.Client, h ServerHistogram
 	for le, c := range sum {
 		out = append(out, bucket{le, c})
 	}
-	slices.SortFunc(out, func(a, b bucket) int {
-		switch {
-		case a.le < b.le:
-			return -1
-		case a.le > b.le:
-			return 1
+	slices.SortFunc(out, func(a, b bucket) int { return cmp.Compare(a.le, b.le) })
+	// Series with different bucket bounds cannot be added: the sum would not
+	// be cumulative, and a quantile of it would be meaningless.
+	for i := 1; i < len(out); i++ {
+		if out[i].count < out[i-1].count {
+			return nil, fmt.Errorf("server histogram: %s: the series of %q have different buckets (le=%g counts %g, le=%g counts %g); cannot add them",
+				h.URL, h.Metric, out[i-1].le, out[i-1].count, out[i].le, out[i].count)
 		}
-		return 0
-	})
+	}
 	return out, nil
 }
 

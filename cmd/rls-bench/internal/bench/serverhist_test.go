@@ -60,10 +60,18 @@ func TestScrapeHistogram(t *testing.T) {
 		"a": {{0.001, 3}, {0.01, 5}, {inf, 6}},
 		"b": {{0.001, 1}, {0.01, 1}, {inf, 4}},
 	})
+	// Two series whose buckets differ: added bound by bound, 0.005 would
+	// count fewer observations than 0.001.
+	mixed := exposition(name, map[string][]bucket{
+		"a": {{0.001, 3}, {inf, 3}},
+		"b": {{0.005, 1}, {inf, 1}},
+	})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/metrics":
 			fmt.Fprint(w, body)
+		case "/mixed":
+			fmt.Fprint(w, mixed)
 		case "/garbage":
 			fmt.Fprint(w, "not { prometheus\n")
 		default:
@@ -88,6 +96,7 @@ func TestScrapeHistogram(t *testing.T) {
 		{ServerHistogram{URL: srv.URL + "/metrics", Metric: "other_total"}, "not a histogram"},
 		{ServerHistogram{URL: srv.URL + "/fail", Metric: name}, "500"},
 		{ServerHistogram{URL: srv.URL + "/garbage", Metric: name}, "parse"},
+		{ServerHistogram{URL: srv.URL + "/mixed", Metric: name}, "different buckets"},
 	} {
 		if _, err := scrapeHistogram(ctx, srv.Client(), c.h); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("scrape %s %s: %v, want an error with %q", c.h.URL, c.h.Metric, err, c.want)
