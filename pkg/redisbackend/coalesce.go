@@ -57,8 +57,9 @@ import (
 // connection breaks, Redis refuses the script for being out of memory)
 // fails every Check it carried with limiter.ErrUnavailable, and each is
 // answered by its rule's failure mode; groups the script decided before the
-// error keep what they counted, as with a lost reply. Never an over-admission: at worst hits counted for
-// callers who were told the store failed.
+// error keep what they counted, as with a lost reply. Never an
+// over-admission: at worst hits counted for callers who were told the store
+// failed.
 
 // Defaults of the coalescing options.
 const (

@@ -173,13 +173,7 @@ func Medians(rs []*Result) []*Result {
 		m := *g[0]
 		m.Runs = len(g)
 		m.CeilingRPS, m.CeilingFraction = 0, 0
-		med := func(f func(*Result) float64) float64 {
-			v := make([]float64, len(g))
-			for i, r := range g {
-				v[i] = f(r)
-			}
-			return median(v)
-		}
+		med := func(f func(*Result) float64) float64 { return medianOf(g, f) }
 		m.RPS = med(func(r *Result) float64 { return r.RPS })
 		m.ElapsedS = med(func(r *Result) float64 { return r.ElapsedS })
 		m.P50 = med(func(r *Result) float64 { return r.P50 })
@@ -217,25 +211,20 @@ func Medians(rs []*Result) []*Result {
 			}
 			m.CPU = append(m.CPU, CPUUse{Name: c.Name, Seconds: median(secs), MicrosPerReq: median(per)})
 		}
+		// The server's figures: the median of the runs in which it observed
+		// requests (a run without any has no quantiles, not zero ones).
 		m.Server = nil
 		var srv []*ServerLatency
 		for _, r := range g {
-			if r.Server != nil {
+			if r.Server != nil && r.Server.Requests > 0 {
 				srv = append(srv, r.Server)
 			}
 		}
 		if len(srv) > 0 {
-			smed := func(f func(*ServerLatency) float64) float64 {
-				v := make([]float64, len(srv))
-				for i, x := range srv {
-					v[i] = f(x)
-				}
-				return median(v)
-			}
 			m.Server = &ServerLatency{
-				P50: smed(func(x *ServerLatency) float64 { return x.P50 }),
-				P90: smed(func(x *ServerLatency) float64 { return x.P90 }),
-				P99: smed(func(x *ServerLatency) float64 { return x.P99 }),
+				P50: medianOf(srv, func(x *ServerLatency) float64 { return x.P50 }),
+				P90: medianOf(srv, func(x *ServerLatency) float64 { return x.P90 }),
+				P99: medianOf(srv, func(x *ServerLatency) float64 { return x.P99 }),
 			}
 			for _, x := range srv {
 				m.Server.Requests += x.Requests
@@ -244,6 +233,15 @@ func Medians(rs []*Result) []*Result {
 		out = append(out, &m)
 	}
 	return out
+}
+
+// medianOf is the median of f over xs.
+func medianOf[T any](xs []T, f func(T) float64) float64 {
+	v := make([]float64, len(xs))
+	for i, x := range xs {
+		v[i] = f(x)
+	}
+	return median(v)
 }
 
 // addCounts adds the counts of src to dst, which it creates when src has

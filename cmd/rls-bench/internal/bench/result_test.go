@@ -139,6 +139,9 @@ func TestMedians(t *testing.T) {
 	for i, p99 := range map[int]float64{1: 0.5, 3: 0.9, 5: 0.7} {
 		in[i].Server = &ServerLatency{Requests: in[i].OK, P50: p99 / 2, P90: p99 / 2, P99: p99}
 	}
+	// A ceiling run whose scrape saw no request has no
+	// quantiles: it must not count as a zero latency.
+	in[2].Server = &ServerLatency{}
 	got := Medians(in)
 	if len(got) != 3 {
 		t.Fatalf("%d results, want 3 (ceiling, a@16, a@64): %+v", len(got), got)

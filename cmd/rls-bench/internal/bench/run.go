@@ -154,11 +154,11 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			return nil, fmt.Errorf("bench %s: warm-up: %w", o.Label, err)
 		}
 	}
+	hc := &http.Client{Timeout: o.ConnectTimeout}
 	scrape := func() ([]bucket, error) {
 		if o.Server == nil {
 			return nil, nil
 		}
-		hc := &http.Client{Timeout: o.ConnectTimeout}
 		return scrapeHistogram(ctx, hc, *o.Server)
 	}
 	hBefore, err := scrape()
