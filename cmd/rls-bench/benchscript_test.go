@@ -1,0 +1,123 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/envoy-rls/envoy-rls/cmd/rls-bench/internal/bench"
+	"github.com/envoy-rls/envoy-rls/internal/testenv"
+)
+
+// TestMakeBench runs scripts/bench.sh (what `make bench` runs) end to end,
+// with short runs and no warm-up: it builds both binaries, starts
+// redis-server, envoy-rls and the do-nothing server, runs every scenario and
+// prints the table. It checks the plumbing and the decisions, not the speed:
+// every scenario ran at every caller count without an error; the admitted
+// ones were all admitted; the hot key admitted at most its limit of 1 a
+// minute over the whole run (without a warm-up that admission is counted,
+// so a larger limit fails the test); and the envoy-rls rows carry the CPU
+// of envoy-rls and Redis and the server's own latency.
+func TestMakeBench(t *testing.T) {
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "results.jsonl")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", filepath.Join(root, "scripts", "bench.sh"))
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(),
+		"BENCH_DURATION=300ms", "BENCH_WARMUP=0s", "BENCH_REPEAT=1",
+		"BENCH_CALLERS=2 8", "BENCH_RATE=1000", "BENCH_OUT="+out,
+		"TMPDIR="+t.TempDir(),
+	)
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("scripts/bench.sh: %v\nstderr:\n%s\nstdout:\n%s", err, stderr.String(), stdout.String())
+	}
+
+	f, err := os.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rs, err := bench.ReadJSON(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type key struct {
+		label   string
+		callers int
+	}
+	byKey := map[key]*bench.Result{}
+	for _, r := range rs {
+		k := key{r.Label, r.Callers}
+		if byKey[k] != nil {
+			t.Errorf("%q at %d callers reported twice with BENCH_REPEAT=1", r.Label, r.Callers)
+		}
+		byKey[k] = r
+	}
+
+	rlsLabels := []string{"1 key", "100k keys", "3 desc, 100k", "4 limits, 100k", "hot key (over)"}
+	var want []key
+	for _, c := range []int{2, 8} {
+		want = append(want, key{"do-nothing", c})
+		for _, l := range rlsLabels {
+			want = append(want, key{l, c})
+		}
+	}
+	want = append(want, key{"do-nothing, open", 64}, key{"open loop, 3 desc", 64})
+	if len(rs) != len(want) {
+		t.Errorf("%d results, want %d (%v)", len(rs), len(want), want)
+	}
+
+	var hotOK, hotOver int64
+	for _, k := range want {
+		r := byKey[k]
+		if r == nil {
+			t.Errorf("no result for %q at %d callers", k.label, k.callers)
+			continue
+		}
+		if r.Requests == 0 || r.Errors != 0 {
+			t.Errorf("%q at %d callers: %d requests, %d errors (%v)", k.label, k.callers, r.Requests, r.Errors, r.ErrorKinds)
+		}
+		if !strings.Contains(stdout.String(), k.label) {
+			t.Errorf("the table does not show %q:\n%s", k.label, stdout.String())
+		}
+		isNoop := strings.HasPrefix(k.label, "do-nothing")
+		if isNoop != r.Ceiling && r.Mode == "closed" {
+			t.Errorf("%q at %d callers: ceiling=%v", k.label, k.callers, r.Ceiling)
+		}
+		if k.label == "hot key (over)" {
+			hotOK += r.OK
+			hotOver += r.OverLimit
+			continue
+		}
+		if r.OK != r.Requests {
+			t.Errorf("%q at %d callers: %d of %d OK, want all (the bench limits are huge)", k.label, k.callers, r.OK, r.Requests)
+		}
+		if isNoop {
+			continue
+		}
+		cpu := map[string]bool{}
+		for _, c := range r.CPU {
+			cpu[c.Name] = true
+		}
+		if !cpu["rls"] || !cpu["redis"] || !cpu["bench"] {
+			t.Errorf("%q at %d callers: CPU of %v, want bench, rls and redis", k.label, k.callers, r.CPU)
+		}
+		if r.Server == nil || r.Server.Requests == 0 {
+			t.Errorf("%q at %d callers: no server latency (%+v)", k.label, k.callers, r.Server)
+		}
+	}
+	if hotOK > 1 || hotOver == 0 {
+		t.Errorf("hot key: %d OK and %d OVER_LIMIT over the run, want at most 1 OK (its limit) and some OVER_LIMIT", hotOK, hotOver)
+	}
+}
