@@ -32,6 +32,39 @@ func TestReadmeListsEveryFlag(t *testing.T) {
 	})
 }
 
+// TestReadmeListsEverySubcommandFlag: every flag of the other subcommands,
+// as their --help prints them, is in their usage in the README's "Other
+// subcommands" paragraph.
+func TestReadmeListsEverySubcommandFlag(t *testing.T) {
+	doc := readme(t)
+	at := strings.Index(doc, "Other subcommands: ")
+	if at < 0 {
+		t.Fatal(`README.md has no "Other subcommands" paragraph`)
+	}
+	// Markdown renders a line break inside a code span as a space.
+	doc = strings.ReplaceAll(doc[at:], "\n", " ")
+	flagLine := regexp.MustCompile(`(?m)^  -([a-z][a-z0-9.-]*)`)
+	for _, cmd := range []string{"top", "check-config", "query"} {
+		_, _, stderr := runCmd(cmd, "--help")
+		names := flagLine.FindAllStringSubmatch(stderr, -1)
+		if len(names) == 0 {
+			t.Fatalf("envoy-rls %s --help printed no flags:\n%s", cmd, stderr)
+		}
+		// The usage line: from "envoy-rls <cmd> " to the next backquote.
+		i := strings.Index(doc, "`envoy-rls "+cmd+" ")
+		if i < 0 {
+			t.Fatalf("README.md's Other subcommands paragraph shows no usage of envoy-rls %s", cmd)
+		}
+		usage := doc[i+1:]
+		usage = usage[:strings.IndexByte(usage, '`')]
+		for _, m := range names {
+			if !strings.Contains(usage, "--"+m[1]+" ") && !strings.Contains(usage, "--"+m[1]+"]") {
+				t.Errorf("README.md's usage of envoy-rls %s (%q) has no --%s", cmd, usage, m[1])
+			}
+		}
+	}
+}
+
 // TestReadmeListsEveryMetric: every metric family pkg/metrics defines is in
 // the README's metrics table.
 func TestReadmeListsEveryMetric(t *testing.T) {
