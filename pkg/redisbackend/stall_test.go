@@ -1,0 +1,240 @@
+package redisbackend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/envoy-rls/envoy-rls/internal/testenv"
+	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+)
+
+// stallProxy forwards loopback connections to a Redis server. Once armed,
+// it stalls the next connection on which a client sends anything: from then
+// on what the client sends on it is read and dropped, never reaching Redis,
+// and nothing comes back, as on a connection whose packets are lost. The
+// other connections, and the ones opened later, go on working.
+type stallProxy struct {
+	ln      net.Listener
+	target  string
+	armed   atomic.Bool
+	stalled chan struct{} // one value per connection stalled
+
+	mu     sync.Mutex
+	conns  []net.Conn // both ends of every proxied connection
+	frozen []net.Conn // client ends of the stalled ones
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// newStallProxy starts a proxy to target on a free loopback port, stopped
+// when the test ends.
+func newStallProxy(t *testing.T, target string) *stallProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &stallProxy{ln: ln, target: target, stalled: make(chan struct{}, 16)}
+	p.wg.Go(p.accept)
+	t.Cleanup(p.close)
+	return p
+}
+
+func (p *stallProxy) addr() string { return p.ln.Addr().String() }
+
+// arm makes the next connection that carries a command stall.
+func (p *stallProxy) arm() { p.armed.Store(true) }
+
+// cut closes the stalled connections: their clients see them break.
+func (p *stallProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.frozen {
+		_ = c.Close()
+	}
+	p.frozen = nil
+}
+
+func (p *stallProxy) accept() {
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return // closed
+		}
+		server, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = client.Close()
+			continue
+		}
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			_ = client.Close()
+			_ = server.Close()
+			return
+		}
+		p.conns = append(p.conns, client, server)
+		p.mu.Unlock()
+		p.wg.Go(func() {
+			_, _ = io.Copy(client, server)
+			_ = client.Close()
+		})
+		p.wg.Go(func() {
+			p.forward(client, server)
+			_ = server.Close()
+		})
+	}
+}
+
+// forward copies client to server until the connection ends or stalls.
+func (p *stallProxy) forward(client, server net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := client.Read(buf)
+		if n > 0 && p.armed.CompareAndSwap(true, false) {
+			p.mu.Lock()
+			p.frozen = append(p.frozen, client)
+			p.mu.Unlock()
+			p.stalled <- struct{}{}
+			_, _ = io.Copy(io.Discard, client) // until the client or cut closes it
+			return
+		}
+		if n > 0 {
+			if _, werr := server.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *stallProxy) close() {
+	_ = p.ln.Close()
+	p.mu.Lock()
+	p.closed = true
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+// TestStalledConnection: a coalescing slot whose connection stalls (its
+// command never reaches Redis, no reply comes) holds only its own call.
+//
+// With two slots, Checks that arrive meanwhile go out on the other slot and
+// are decided while the stalled call is still waiting; when the stalled
+// connection breaks, that call fails with limiter.ErrUnavailable and the
+// Backend goes on working.
+//
+// With one slot, a Check that arrives meanwhile queues behind the stalled
+// call; when that call's deadline passes the slot gives up its connection
+// (which stays stalled) and the queued Check is sent on a fresh one and
+// decided. If the slot kept the stalled connection, the queued Check would
+// never be answered and would fail at its own deadline.
+//
+// Either way nothing is lost or counted twice: the stalled Check's hit never
+// reached Redis, and every other Check counted exactly once.
+func TestStalledConnection(t *testing.T) {
+	r := testenv.RedisServer(t)
+	p := newStallProxy(t, r.Addr)
+	limit := limiter.Limit{Requests: 1000, Window: time.Hour}
+	for _, senders := range []int{2, 1} {
+		t.Run(fmt.Sprintf("senders=%d", senders), func(t *testing.T) {
+			b, err := New(Options{URL: "redis://" + p.addr(), KeyPrefix: fmt.Sprintf("stall%d:", senders), Timeout: testTimeout, Senders: senders})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { b.Close() })
+			stalledReq := []limiter.Request{{Key: key("stalled"), Limit: limit, Hits: 1}}
+			otherReq := []limiter.Request{{Key: key("other"), Limit: limit, Hits: 1}}
+			check := func(ctx context.Context, req []limiter.Request) error {
+				return b.Check(ctx, req, make([]limiter.Result, len(req)))
+			}
+			if err := check(context.Background(), otherReq); err != nil { // loads the library
+				t.Fatal(err)
+			}
+			others := 1
+
+			stalledCtx := context.Background()
+			if senders == 1 {
+				// The stalled call ends at this deadline; long enough for
+				// the next Check to queue behind it.
+				var cancel context.CancelFunc
+				stalledCtx, cancel = context.WithTimeout(stalledCtx, time.Second)
+				defer cancel()
+			}
+			p.arm()
+			stalledDone := make(chan error, 1)
+			go func() { stalledDone <- check(stalledCtx, stalledReq) }()
+			<-p.stalled
+
+			if senders == 2 {
+				for range 5 {
+					if err := check(context.Background(), otherReq); err != nil {
+						t.Fatalf("Check while the other slot's connection is stalled: %v", err)
+					}
+					others++
+				}
+				select {
+				case err := <-stalledDone:
+					t.Fatalf("the stalled Check returned (%v) while its connection is stalled", err)
+				default:
+				}
+				p.cut()
+				if err := <-stalledDone; !errors.Is(err, limiter.ErrUnavailable) {
+					t.Fatalf("the stalled Check = %v, want ErrUnavailable", err)
+				}
+			} else {
+				queuedDone := make(chan error, 1)
+				go func() { queuedDone <- check(context.Background(), otherReq) }()
+				if err := waitFor(func() error {
+					if n, _ := b.co.slots(); n != 1 {
+						return fmt.Errorf("%d Checks queued, want 1", n)
+					}
+					return nil
+				}); err != nil {
+					t.Fatal(err)
+				}
+				if err := <-stalledDone; !errors.Is(err, limiter.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+					t.Fatalf("the stalled Check = %v, want ErrUnavailable and DeadlineExceeded", err)
+				}
+				if err := <-queuedDone; err != nil {
+					t.Fatalf("the Check queued behind the stalled call: %v, want it sent on a fresh connection", err)
+				}
+				others++
+			}
+
+			// Every slot works again: concurrent Checks all succeed.
+			var wg sync.WaitGroup
+			errs := make(chan error, 8)
+			for range 8 {
+				wg.Go(func() { errs <- check(context.Background(), otherReq) })
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				if err != nil {
+					t.Errorf("Check after the stall: %v", err)
+					continue
+				}
+				others++
+			}
+			if got := used(t, b, stalledReq[0]); got != 0 {
+				t.Errorf("the stalled Check's counter has %d hits, want 0 (its command never reached Redis)", got)
+			}
+			if got := used(t, b, otherReq[0]); got != int64(others) {
+				t.Errorf("the other counter has %d hits, want %d", got, others)
+			}
+		})
+	}
+}
