@@ -522,7 +522,7 @@ func (b *Backend) runCheck(ctx context.Context, bt *batch, keys, argv []string, 
 		b.functions.Store(false)
 	}
 	cmd := b.sendCheck(ctx, bt, "evalsha", b.scripts.checkSHA, keys, argv, flags)
-	if err := cmd.Err(); err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
+	if isNoScript(cmd.Err()) {
 		cmd = b.sendCheck(ctx, bt, "eval", b.scripts.checkSrc, keys, argv, flags)
 	}
 	return cmd
@@ -545,12 +545,25 @@ func (b *Backend) sendCheck(ctx context.Context, bt *batch, verb string, script 
 	cmd := redis.NewStringCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3)
 	if bt.conn != nil {
-		_ = bt.conn.Process(ctx, cmd)
+		_ = bt.conn.Process(ctx, noRetry{cmd})
 	} else {
-		_ = b.client.Process(ctx, cmd)
+		_ = b.client.Process(ctx, noRetry{cmd})
 	}
 	return cmd
 }
+
+// noRetry is a script command that go-redis must not send again after a
+// network error or a timeout: the script may have run before the reply was
+// lost, and a second run would count a check's hits twice (an over-count)
+// or take a refund back twice (an over-admission). New's clients do not
+// retry (MaxRetries −1), but a Cluster client resends after a connection
+// error on its own (up to MaxRedirects times, whatever MaxRetries says), and
+// a client given to NewFromClient may retry. Redirections (MOVED, ASK) are
+// still followed: a redirected command did not run.
+type noRetry struct{ *redis.StringCmd }
+
+// NoRetry implements redis.Cmder.
+func (noRetry) NoRetry() bool { return true }
 
 // loadLibrary loads the Functions library (on every master in Cluster
 // mode) unless another caller completed a load since loads was read. One
@@ -578,6 +591,12 @@ func (b *Backend) loadLibrary(ctx context.Context, loads uint64) error {
 	}
 	b.loads.Add(1)
 	return nil
+}
+
+// isNoScript reports whether Redis answered that it does not know the script
+// (EVALSHA before the script was loaded or after SCRIPT FLUSH).
+func isNoScript(err error) bool {
+	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
 }
 
 // isFunctionMissing reports whether Redis answered that it does not know the

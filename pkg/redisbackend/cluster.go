@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+	"github.com/redis/go-redis/v9"
 )
 
 // slotCall is the part of a Cluster batch that lives in one hash slot.
@@ -31,9 +32,10 @@ type slotCall struct {
 // Check is ever admitted beyond the limit. When a slot fails (network error,
 // timeout) the batch is an error and the slots that consumed are refunded
 // too; a failed slot whose script did run before its reply was lost stays
-// counted (the Cluster client may also re-send a command after a connection
-// error), again an over-count, never an over-admission. Failed refunds are
-// counted in RefundErrors.
+// counted, again an over-count, never an over-admission. Neither script is
+// ever resent by go-redis after a network error (see noRetry): a check run
+// twice would over-count, and a refund run twice would over-admit. Failed
+// refunds are counted in RefundErrors.
 func (b *Backend) checkCluster(ctx context.Context, reqs []limiter.Request, results []limiter.Result) error {
 	calls := b.groupBySlot(reqs)
 	if len(calls) == 1 {
@@ -131,8 +133,28 @@ func (b *Backend) refund(ctx context.Context, reqs []limiter.Request, c *slotCal
 	if len(keys) == 0 {
 		return nil
 	}
-	if err := b.scripts.refund.Run(ctx, b.client, keys, args...).Err(); err != nil {
+	cmd := b.runRefund(ctx, "evalsha", b.scripts.refund.Hash(), keys, args)
+	if isNoScript(cmd.Err()) {
+		cmd = b.runRefund(ctx, "eval", b.scripts.refundSrc, keys, args)
+	}
+	if err := cmd.Err(); err != nil {
 		return unavailable(ctx, "refund script", err)
 	}
 	return nil
+}
+
+// runRefund sends "<verb> <script> <numkeys> <keys> <args>" for refund.lua,
+// never resent by go-redis (see noRetry): a refund that ran twice would take
+// back twice the hits and let later Checks past the limit.
+func (b *Backend) runRefund(ctx context.Context, verb, script string, keys []string, args []any) *redis.StringCmd {
+	a := make([]any, 0, 3+len(keys)+len(args))
+	a = append(a, verb, script, len(keys))
+	for _, k := range keys {
+		a = append(a, k)
+	}
+	a = append(a, args...)
+	cmd := redis.NewStringCmd(ctx, a...)
+	cmd.SetFirstKeyPos(3)
+	_ = b.client.Process(ctx, noRetry{cmd})
+	return cmd
 }

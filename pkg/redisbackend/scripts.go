@@ -37,6 +37,8 @@ type scripts struct {
 	// checkSHA and checkSrc are check's SHA1 and source, boxed once for
 	// the command arguments built by runCheck.
 	checkSHA, checkSrc any
+	// refundSrc is refund's source, for EVAL when Redis lacks the script.
+	refundSrc string
 	// library is the source of the Functions library (FUNCTION LOAD);
 	// checkFn is the name of its check function, boxed once. Both names
 	// carry a hash of the library, so that instances of different versions
@@ -69,6 +71,7 @@ func newScripts() (*scripts, error) {
 		heartbeat: redis.NewScript(heartbeat),
 		checkSHA:  c.Hash(),
 		checkSrc:  check,
+		refundSrc: refund,
 		library:   library,
 		checkFn:   checkFn,
 	}, nil

@@ -13,18 +13,25 @@ import (
 
 	"github.com/envoy-rls/envoy-rls/internal/testenv"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // stallProxy forwards loopback connections to a Redis server. Once armed,
 // it stalls the next connection on which a client sends anything: from then
 // on what the client sends on it is read and dropped, never reaching Redis,
-// and nothing comes back, as on a connection whose packets are lost. The
-// other connections, and the ones opened later, go on working.
+// and nothing comes back, as on a connection whose packets are lost. Armed
+// with armLoss instead, it lets that command through and loses its reply:
+// the connection breaks once Redis has answered, as when the network fails
+// between Redis and the client. The other connections, and the ones opened
+// later, go on working.
 type stallProxy struct {
 	ln      net.Listener
 	target  string
 	armed   atomic.Bool
 	stalled chan struct{} // one value per connection stalled
+	loss    atomic.Bool
+	lost    chan struct{} // one value per reply lost
 
 	mu     sync.Mutex
 	conns  []net.Conn // both ends of every proxied connection
@@ -41,7 +48,7 @@ func newStallProxy(t *testing.T, target string) *stallProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &stallProxy{ln: ln, target: target, stalled: make(chan struct{}, 16)}
+	p := &stallProxy{ln: ln, target: target, stalled: make(chan struct{}, 16), lost: make(chan struct{}, 16)}
 	p.wg.Go(p.accept)
 	t.Cleanup(p.close)
 	return p
@@ -51,6 +58,9 @@ func (p *stallProxy) addr() string { return p.ln.Addr().String() }
 
 // arm makes the next connection that carries a command stall.
 func (p *stallProxy) arm() { p.armed.Store(true) }
+
+// armLoss makes the next command reach Redis and its reply get lost.
+func (p *stallProxy) armLoss() { p.loss.Store(true) }
 
 // cut closes the stalled connections: their clients see them break.
 func (p *stallProxy) cut() {
@@ -82,22 +92,48 @@ func (p *stallProxy) accept() {
 		}
 		p.conns = append(p.conns, client, server)
 		p.mu.Unlock()
+		var mute atomic.Bool // the next reply is lost
 		p.wg.Go(func() {
-			_, _ = io.Copy(client, server)
+			p.back(client, server, &mute)
 			_ = client.Close()
 		})
 		p.wg.Go(func() {
-			p.forward(client, server)
+			p.forward(client, server, &mute)
 			_ = server.Close()
 		})
 	}
 }
 
+// back copies server to client until the connection ends or a reply is to
+// be lost: then it drops the reply, closes the client's end and reports it.
+func (p *stallProxy) back(client, server net.Conn, mute *atomic.Bool) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := server.Read(buf)
+		if n > 0 && mute.Load() {
+			_ = client.Close()
+			p.lost <- struct{}{}
+			return
+		}
+		if n > 0 {
+			if _, werr := client.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
 // forward copies client to server until the connection ends or stalls.
-func (p *stallProxy) forward(client, server net.Conn) {
+func (p *stallProxy) forward(client, server net.Conn, mute *atomic.Bool) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := client.Read(buf)
+		if n > 0 && p.loss.CompareAndSwap(true, false) {
+			mute.Store(true)
+		}
 		if n > 0 && p.armed.CompareAndSwap(true, false) {
 			p.mu.Lock()
 			p.frozen = append(p.frozen, client)
@@ -236,5 +272,83 @@ func TestStalledConnection(t *testing.T) {
 				t.Errorf("the other counter has %d hits, want %d", got, others)
 			}
 		})
+	}
+}
+
+// TestLostReplyNotResent: a check whose reply is lost after Redis ran it is
+// not sent again, even by a client configured to retry (NewFromClient with
+// MaxRetries 3; a Cluster client resends after a connection error whatever
+// its MaxRetries): the Check fails with limiter.ErrUnavailable and its hit is
+// counted once. Resent, it would succeed and count twice.
+func TestLostReplyNotResent(t *testing.T) {
+	r := testenv.RedisServer(t)
+	p := newStallProxy(t, r.Addr)
+	client := redis.NewClient(&redis.Options{
+		Addr: p.addr(), Protocol: 2, MaxRetries: 3,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+	})
+	t.Cleanup(func() { client.Close() })
+	// Senders -1: every Check on the client's pool, where a retry would
+	// take a fresh connection.
+	b, err := NewFromClient(client, Options{KeyPrefix: "lost:", Timeout: testTimeout, Senders: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit := limiter.Limit{Requests: 1000, Window: time.Hour}
+	warm := []limiter.Request{{Key: key("warm-up"), Limit: limit, Hits: 1}}
+	if err := b.Check(context.Background(), warm, make([]limiter.Result, 1)); err != nil { // loads the library
+		t.Fatal(err)
+	}
+	req := []limiter.Request{{Key: key("lost"), Limit: limit, Hits: 1}}
+	p.armLoss()
+	err = b.Check(context.Background(), req, make([]limiter.Result, 1))
+	<-p.lost
+	if !errors.Is(err, limiter.ErrUnavailable) {
+		t.Errorf("Check whose reply was lost = %v, want ErrUnavailable (not resent)", err)
+	}
+	if got := used(t, b, req[0]); got != 1 {
+		t.Errorf("%d hits counted for one Check whose reply was lost, want 1", got)
+	}
+}
+
+// TestLostRefundNotResent: a Cluster refund (refund.lua) whose reply is lost
+// after Redis ran it is not sent again by a client configured to retry. Run
+// twice, it would take back twice the hits and let later Checks past the
+// limit. (The refund path is exercised on a single node here: the proxy sits
+// in front of one server.)
+func TestLostRefundNotResent(t *testing.T) {
+	r := testenv.RedisServer(t)
+	p := newStallProxy(t, r.Addr)
+	client := redis.NewClient(&redis.Options{
+		Addr: p.addr(), Protocol: 2, MaxRetries: 3,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+	})
+	t.Cleanup(func() { client.Close() })
+	b, err := NewFromClient(client, Options{KeyPrefix: "lostrefund:", Timeout: testTimeout, Senders: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := b.scripts.refund.Load(ctx, r.Client()).Err(); err != nil { // so that EVALSHA runs it
+		t.Fatal(err)
+	}
+	reqs := []limiter.Request{{Key: key("refunded"), Limit: limiter.Limit{Requests: 1000, Window: time.Hour}, Hits: 1}}
+	results := make([]limiter.Result, 1)
+	var c slotCall
+	for range 5 {
+		c.now, c.committed, err = b.call(ctx, reqs, nil, results, nil)
+		if err != nil || !c.committed || !results[0].Allowed {
+			t.Fatalf("check: err %v, committed %v, %+v", err, c.committed, results[0])
+		}
+	}
+	c.idx = []int{0}
+	p.armLoss()
+	err = b.refund(ctx, reqs, &c, results)
+	<-p.lost
+	if !errors.Is(err, limiter.ErrUnavailable) {
+		t.Errorf("refund whose reply was lost = %v, want ErrUnavailable (not resent)", err)
+	}
+	if got := used(t, b, reqs[0]); got != 4 {
+		t.Errorf("%d hits counted after 5 admitted and 1 refunded, want 4", got)
 	}
 }
