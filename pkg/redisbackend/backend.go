@@ -129,7 +129,7 @@ func newBackend(c redis.UniversalClient, opts Options) (*Backend, error) {
 	b.flags = [2]any{"0 " + slack, "1 " + slack}
 	b.cluster, _ = c.(*redis.ClusterClient)
 	b.scratch.New = func() any { return new(batch) }
-	if senders := opts.senders(); b.cluster == nil && senders > 0 {
+	if senders := opts.senders(); senders > 0 {
 		maxBatch := opts.MaxBatch
 		if maxBatch == 0 {
 			maxBatch = DefaultMaxBatch

@@ -18,6 +18,7 @@ type slotCall struct {
 	now       int64
 	committed bool
 	err       error
+	reply     string // a coalesced call's reply, decoded by its caller
 }
 
 // checkCluster splits the batch by hash slot and runs one check script per
@@ -50,7 +51,15 @@ func (b *Backend) checkCluster(ctx context.Context, reqs []limiter.Request, resu
 		})
 	}
 	wg.Wait()
+	return b.settle(ctx, reqs, calls, results)
+}
 
+// settle ends a Cluster batch of several slot calls that have run: when one
+// failed or vetoed, the slots that consumed are refunded (in parallel,
+// goroutines joined before it returns) and report the figures without
+// consumption. It returns the calls' errors.
+func (b *Backend) settle(ctx context.Context, reqs []limiter.Request, calls []*slotCall, results []limiter.Result) error {
+	var wg sync.WaitGroup
 	var errs []error
 	veto := false
 	for _, c := range calls {

@@ -56,60 +56,62 @@ func rawState(t *testing.T, c *testenv.Cluster, r limiter.Request, now int64) st
 // Result reports Remaining without consumption.
 func TestClusterCrossSlotRefund(t *testing.T) {
 	c := testenv.RedisCluster(t)
-	for _, alg := range []limiter.Algorithm{limiter.SlidingWindow, limiter.FixedWindow, limiter.TokenBucket, limiter.SlidingLog} {
-		t.Run(alg.String(), func(t *testing.T) {
-			clock := limitertest.NewClock(time.UnixMilli(1_767_225_600_000 + 12_345))
-			b := newClustered(t, c, DefaultKeyPrefix, clock.Now)
-			ctx := context.Background()
-			l := limiter.Limit{Algorithm: alg, Requests: 10, Window: time.Minute}
-			one := limiter.Limit{Algorithm: alg, Requests: 1, Window: time.Minute}
-			ks := keysOnDistinctMasters(t, c, l, 3)
-			a := func(hits uint64) limiter.Request { return limiter.Request{Key: ks[0], Limit: l, Hits: hits} }
-			bReq := limiter.Request{Key: ks[1], Limit: one, Hits: 1}
-			cReq := limiter.Request{Key: ks[2], Limit: l, Hits: 1}
-			check := func(reqs ...limiter.Request) []limiter.Result {
-				t.Helper()
-				res := make([]limiter.Result, len(reqs))
-				if err := b.Check(ctx, reqs, res); err != nil {
-					t.Fatalf("Check: %v", err)
+	for _, senders := range []int{0, -1} { // coalesced (pipelined), and not
+		for _, alg := range []limiter.Algorithm{limiter.SlidingWindow, limiter.FixedWindow, limiter.TokenBucket, limiter.SlidingLog} {
+			t.Run(fmt.Sprintf("senders=%d/%v", senders, alg), func(t *testing.T) {
+				clock := limitertest.NewClock(time.UnixMilli(1_767_225_600_000 + 12_345))
+				b := newClusteredSenders(t, c, DefaultKeyPrefix, clock.Now, senders)
+				ctx := context.Background()
+				l := limiter.Limit{Algorithm: alg, Requests: 10, Window: time.Minute}
+				one := limiter.Limit{Algorithm: alg, Requests: 1, Window: time.Minute}
+				ks := keysOnDistinctMasters(t, c, l, 3)
+				a := func(hits uint64) limiter.Request { return limiter.Request{Key: ks[0], Limit: l, Hits: hits} }
+				bReq := limiter.Request{Key: ks[1], Limit: one, Hits: 1}
+				cReq := limiter.Request{Key: ks[2], Limit: l, Hits: 1}
+				check := func(reqs ...limiter.Request) []limiter.Result {
+					t.Helper()
+					res := make([]limiter.Result, len(reqs))
+					if err := b.Check(ctx, reqs, res); err != nil {
+						t.Fatalf("Check: %v", err)
+					}
+					return res
 				}
-				return res
-			}
 
-			// Cross-slot batch on three masters, all admitted.
-			res := check(a(3), bReq, cReq)
-			for i, r := range res {
-				if !r.Allowed {
-					t.Fatalf("cross-slot batch: request %d denied: %+v", i, r)
+				// Cross-slot batch on three masters, all admitted.
+				res := check(a(3), bReq, cReq)
+				for i, r := range res {
+					if !r.Allowed {
+						t.Fatalf("cross-slot batch: request %d denied: %+v", i, r)
+					}
 				}
-			}
-			if res[0].Remaining != 7 || res[1].Remaining != 0 || res[2].Remaining != 9 {
-				t.Fatalf("cross-slot batch remaining = %d %d %d, want 7 0 9", res[0].Remaining, res[1].Remaining, res[2].Remaining)
-			}
+				if res[0].Remaining != 7 || res[1].Remaining != 0 || res[2].Remaining != 9 {
+					t.Fatalf("cross-slot batch remaining = %d %d %d, want 7 0 9", res[0].Remaining, res[1].Remaining, res[2].Remaining)
+				}
 
-			before := check(a(0))[0].Remaining
-			rawA, rawC := rawState(t, c, a(0), clock.Millis()), rawState(t, c, cReq, clock.Millis())
+				before := check(a(0))[0].Remaining
+				rawA, rawC := rawState(t, c, a(0), clock.Millis()), rawState(t, c, cReq, clock.Millis())
 
-			// B (limit 1, exhausted) vetoes; A and C admitted in their slots.
-			res = check(a(2), bReq, cReq)
-			if !res[0].Allowed || res[1].Allowed || !res[2].Allowed {
-				t.Fatalf("vetoed batch = %+v, want A and C allowed, B denied", res)
-			}
-			if res[0].Remaining != before || res[2].Remaining != 9 {
-				t.Errorf("vetoed batch reported remaining %d and %d, want %d and 9 (no consumption)", res[0].Remaining, res[2].Remaining, before)
-			}
-			if got := rawState(t, c, a(0), clock.Millis()); got != rawA {
-				t.Errorf("A's stored state after the refund = %q, before %q", got, rawA)
-			}
-			if got := rawState(t, c, cReq, clock.Millis()); got != rawC {
-				t.Errorf("C's stored state after the refund = %q, before %q", got, rawC)
-			}
-			if after := check(a(0))[0].Remaining; after != before {
-				t.Errorf("A's remaining after the refund = %d, before %d", after, before)
-			}
-			if n := b.RefundErrors(); n != 0 {
-				t.Errorf("%d refunds failed", n)
-			}
-		})
+				// B (limit 1, exhausted) vetoes; A and C admitted in their slots.
+				res = check(a(2), bReq, cReq)
+				if !res[0].Allowed || res[1].Allowed || !res[2].Allowed {
+					t.Fatalf("vetoed batch = %+v, want A and C allowed, B denied", res)
+				}
+				if res[0].Remaining != before || res[2].Remaining != 9 {
+					t.Errorf("vetoed batch reported remaining %d and %d, want %d and 9 (no consumption)", res[0].Remaining, res[2].Remaining, before)
+				}
+				if got := rawState(t, c, a(0), clock.Millis()); got != rawA {
+					t.Errorf("A's stored state after the refund = %q, before %q", got, rawA)
+				}
+				if got := rawState(t, c, cReq, clock.Millis()); got != rawC {
+					t.Errorf("C's stored state after the refund = %q, before %q", got, rawC)
+				}
+				if after := check(a(0))[0].Remaining; after != before {
+					t.Errorf("A's remaining after the refund = %d, before %d", after, before)
+				}
+				if n := b.RefundErrors(); n != 0 {
+					t.Errorf("%d refunds failed", n)
+				}
+			})
+		}
 	}
 }

@@ -15,14 +15,26 @@ import (
 
 // Coalescing
 //
-// On a single node or Sentinel, concurrent Checks are sent together. A Check
-// encodes its group (keys and specs) in its own goroutine. The
-// coalescer has a few sender slots (Options.Senders), each a call's scratch
-// space and a connection of its own; a slot is either idle or lent to one
+// Concurrent Checks are sent together. A Check encodes its group (keys and
+// specs) in its own goroutine. The coalescer has a few sender slots
+// (Options.Senders), each a call's scratch space and, on a single node or
+// Sentinel, a connection of its own; a slot is either idle or lent to one
 // caller, its leader, which sends one call with every group that is queued
 // (up to MaxBatch requests, its own first), in which Redis decides the groups
 // one after the other, each atomically, exactly as if they had been calls of
 // their own (check.lua). The reply is split between the callers.
+//
+// On a Cluster a script call cannot span hash slots, and every counter is a
+// slot of its own, so a Check is a group per slot, and the leader sends the
+// queued groups as calls of their own in one pipeline (sendPipelined):
+// go-redis writes each node its calls at once and reads their replies
+// together, in parallel across the nodes, following MOVED and ASK. Redis
+// runs each call as if it had come alone; each node pays one network read
+// and write per pipeline instead of per call, and envoy-rls one system call
+// each way per node and no goroutine per slot. The caller then decodes its
+// calls and, when one slot vetoed or failed, refunds the others as
+// checkCluster does. Everything below applies to both, but for the
+// connection of a slot: Cluster pipelines use the pool of each node.
 //
 // There is no sender goroutine: a Check that finds a slot idle sends its
 // call itself, so a lone Check crosses no goroutine on its way to Redis and
@@ -83,7 +95,11 @@ const (
 
 // job is one Check waiting for a coalesced call.
 type job struct {
-	g        group
+	g group // single node and Sentinel: the Check's group
+	// Cluster: the Check's calls, one per hash slot, and their groups
+	// (groups[i] encodes the requests of calls[i]).
+	calls    []*slotCall
+	groups   []group
 	ctx      context.Context
 	deadline time.Time // zero: none
 	state    atomic.Int32
@@ -171,7 +187,11 @@ var errClosed = errors.New("redisbackend: closed")
 // (zero: no deadline).
 func (c *coalescer) check(ctx context.Context, deadline time.Time, reqs []limiter.Request, results []limiter.Result) error {
 	j := c.pool.Get().(*job)
-	j.g.encode(c.b, reqs, nil)
+	if c.b.cluster != nil {
+		j.encodeCluster(c.b, reqs)
+	} else {
+		j.g.encode(c.b, reqs, nil)
+	}
 	j.ctx, j.deadline = ctx, deadline
 	j.state.Store(jobPending)
 	c.mu.Lock()
@@ -214,15 +234,84 @@ func (c *coalescer) check(ctx context.Context, deadline time.Time, reqs []limite
 	}
 	defer c.put(j)
 	if err := j.err; err != nil {
-		if !deadline.IsZero() && !time.Now().Before(deadline) && !errors.Is(err, context.DeadlineExceeded) {
-			err = fmt.Errorf("%w (%w)", err, context.DeadlineExceeded)
-		}
-		return unavailable(ctx, "check script", err)
+		return callFailed(ctx, deadline, err)
+	}
+	if c.b.cluster != nil {
+		return c.b.finishCluster(ctx, deadline, reqs, j.calls, results)
 	}
 	if _, _, err := decodeReply(j.reply, nil, results, nil); err != nil {
 		return unavailable(ctx, "check script", err)
 	}
 	return nil
+}
+
+// callFailed wraps the error of a coalesced call that ended by deadline:
+// limiter.ErrUnavailable, and context.DeadlineExceeded when the deadline has
+// passed (the socket's deadline can fire just before it, and go-redis
+// reports that as an i/o timeout).
+func callFailed(ctx context.Context, deadline time.Time, err error) error {
+	if !deadline.IsZero() && !time.Now().Before(deadline) && !errors.Is(err, context.DeadlineExceeded) {
+		err = fmt.Errorf("%w (%w)", err, context.DeadlineExceeded)
+	}
+	return unavailable(ctx, "check script", err)
+}
+
+// encodeCluster fills j with the Check of reqs split by hash slot: one call
+// and one group per slot, the groups asking for the figures without
+// consumption when there are several (a slot may have to be refunded).
+func (j *job) encodeCluster(b *Backend, reqs []limiter.Request) {
+	j.calls = b.groupBySlot(reqs)
+	if cap(j.groups) < len(j.calls) {
+		j.groups = append(j.groups[:cap(j.groups)], make([]group, len(j.calls)-cap(j.groups))...)
+	}
+	j.groups = j.groups[:len(j.calls)]
+	for i, call := range j.calls {
+		j.groups[i].encode(b, reqs, call.idx)
+		if len(j.calls) > 1 {
+			call.alt = make([]figures, len(call.idx))
+		}
+	}
+}
+
+// nkeys returns the number of requests (keys) of j's Check.
+func (j *job) nkeys() int {
+	if j.calls == nil {
+		return len(j.g.keys)
+	}
+	n := 0
+	for i := range j.groups {
+		n += len(j.groups[i].keys)
+	}
+	return n
+}
+
+// finishCluster decodes the replies of a coalesced Cluster Check's calls
+// and settles it as checkCluster does.
+func (b *Backend) finishCluster(ctx context.Context, deadline time.Time, reqs []limiter.Request, calls []*slotCall, results []limiter.Result) error {
+	for _, call := range calls {
+		if call.err != nil {
+			call.err = callFailed(ctx, deadline, call.err)
+			continue
+		}
+		call.now, call.committed, call.err = decodeReply(call.reply, call.idx, results, call.alt)
+		if call.err != nil {
+			call.err = unavailable(ctx, "check script", call.err)
+		}
+	}
+	var err error
+	if len(calls) == 1 {
+		err = calls[0].err
+	} else {
+		// Refunds, if any, are bounded like the Check, as in checkCluster.
+		rctx, cancel := b.bound(ctx)
+		err = b.settle(rctx, reqs, calls, results)
+		cancel()
+	}
+	if err != nil {
+		// As in Check: refresh the slot map now.
+		b.cluster.ReloadState(ctx)
+	}
+	return err
 }
 
 // takeLead has j's caller, lent slot bt, lead the next call, unless its
@@ -276,14 +365,15 @@ func (c *coalescer) lead(bt *batch, first *job) {
 		return
 	}
 	jobs := append(bt.jobs[:0], first)
-	n := len(first.g.keys)
+	n := first.nkeys()
 	for _, q := range c.queue {
-		if n+len(q.g.keys) > c.maxBatch {
+		k := q.nkeys()
+		if n+k > c.maxBatch {
 			break
 		}
 		q.queued = false
 		jobs = append(jobs, q)
-		n += len(q.g.keys)
+		n += k
 	}
 	c.dequeue(len(jobs) - 1)
 	c.mu.Unlock()
@@ -326,6 +416,10 @@ func (c *coalescer) dequeue(n int) {
 // put returns j to the pool, without references to its caller's data.
 func (c *coalescer) put(j *job) {
 	j.g.release()
+	for i := range j.groups {
+		j.groups[i].release()
+	}
+	j.calls = nil
 	j.ctx, j.err, j.deadline = nil, nil, time.Time{}
 	j.reply = ""
 	c.pool.Put(j)
@@ -374,6 +468,10 @@ func (c *coalescer) send(bt *batch, jobs []*job) {
 		ctx, cancel = context.WithDeadline(ctx, deadline)
 		defer cancel()
 	}
+	if c.b.cluster != nil {
+		c.sendPipelined(ctx, live)
+		return
+	}
 	keys, argv := bt.keys[:0], bt.argv[:0]
 	want := 0
 	for _, j := range live {
@@ -406,4 +504,71 @@ func (c *coalescer) send(bt *batch, jobs []*job) {
 		j.reply, v = v[:k], v[k:]
 		c.deliver(j, nil)
 	}
+}
+
+// sendPipelined makes the calls of the Cluster jobs live, each a call of
+// its own in its hash slot, in one pipeline: go-redis sends each node its
+// calls together and reads their replies together, in parallel across the
+// nodes, following MOVED and ASK. It delivers every job; each call's reply
+// or error is in the job's calls.
+func (c *coalescer) sendPipelined(ctx context.Context, live []*job) {
+	b := c.b
+	verb, script := "evalsha", b.scripts.checkSHA
+	if b.functions.Load() {
+		verb, script = "fcall", b.scripts.checkFn
+	}
+	cmds := make([]*redis.StringCmd, 0, len(live))
+	_, _ = b.cluster.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, j := range live {
+			for i := range j.groups {
+				g := &j.groups[i]
+				args := make([]any, 0, 4+len(g.keys)+len(g.argv))
+				args = append(args, verb, script, len(g.keys))
+				for k := range g.keys {
+					args = append(args, &g.keys[k])
+				}
+				args = append(args, b.flags[btoi(len(j.calls) > 1)])
+				for k := range g.argv {
+					args = append(args, &g.argv[k])
+				}
+				cmd := redis.NewStringCmd(ctx, args...)
+				cmd.SetFirstKeyPos(3)
+				_ = p.Process(ctx, noRetry{cmd})
+				cmds = append(cmds, cmd)
+			}
+		}
+		return nil
+	})
+	b.calls.Add(uint64(len(cmds)))
+	next := 0
+	for _, j := range live {
+		alt := len(j.calls) > 1
+		for i, call := range j.calls {
+			g := &j.groups[i]
+			v, err := cmds[next].Result()
+			next++
+			if isFunctionMissing(err) || isUnsupported(err) || isNoScript(err) {
+				// Refused before it ran: send it alone, through
+				// runCheck, which loads the library or falls back to
+				// scripts.
+				bt := b.scratch.Get().(*batch)
+				v, err = b.runCheck(ctx, bt, g.keys, g.argv, b.flags[btoi(alt)]).Result()
+				clear(bt.cmd)
+				b.scratch.Put(bt)
+			}
+			if want := replyLen(len(g.keys), alt); err == nil && len(v) != want {
+				err = fmt.Errorf("reply has %d bytes, want %d", len(v), want)
+			}
+			call.reply, call.err = v, err
+		}
+		c.deliver(j, nil)
+	}
+}
+
+// btoi is 1 for true, 0 for false.
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -70,6 +70,45 @@ func TestFunctionLibraryReloaded(t *testing.T) {
 	}
 }
 
+// TestFunctionLibraryReloadedCluster: the same on a Cluster, whose
+// coalesced calls go out in pipelines: after FUNCTION FLUSH on every master,
+// the call refused in the pipeline is sent again on its own, which loads the
+// library on every master, and the check counts once. So does a Check
+// spanning three masters.
+func TestFunctionLibraryReloadedCluster(t *testing.T) {
+	cl := testenv.RedisCluster(t)
+	b := newClustered(t, cl, DefaultKeyPrefix, nil)
+	c := newCountdown(b, "reload-cluster")
+	l := limiter.Limit{Requests: 100, Window: time.Hour}
+	spread := keysOnDistinctMasters(t, cl, l, 3)
+	reqs := make([]limiter.Request, len(spread))
+	for i, k := range spread {
+		reqs[i] = limiter.Request{Key: k, Limit: l, Hits: 1}
+	}
+	res := make([]limiter.Result, len(reqs))
+	ctx := context.Background()
+	c.check(t, "first check (loads the library)")
+	for round := 1; round <= 3; round++ {
+		for _, n := range cl.Nodes() {
+			if err := n.Client().FunctionFlush(ctx).Err(); err != nil {
+				t.Fatalf("FUNCTION FLUSH on %s: %v", n.Addr, err)
+			}
+		}
+		c.check(t, "check after FUNCTION FLUSH")
+		if err := b.Check(ctx, reqs, res); err != nil {
+			t.Fatalf("Check on three masters after FUNCTION FLUSH: %v", err)
+		}
+		for i, r := range res {
+			if !r.Allowed || r.Remaining != uint64(100-round) {
+				t.Fatalf("round %d, request %d on its own master: %+v, want allowed with %d remaining", round, i, r, 100-round)
+			}
+		}
+	}
+	if !b.UsesFunctions() {
+		t.Error("UsesFunctions false after reloads")
+	}
+}
+
 // TestFunctionsForbiddenFallsBackToScripts: an ACL user that may run scripts
 // but not Functions gets checks served by EVALSHA, counted once each.
 func TestFunctionsForbiddenFallsBackToScripts(t *testing.T) {

@@ -43,9 +43,16 @@ func TestHammerSingle(t *testing.T) {
 	})
 }
 
+// TestHammerCluster hammers coalescing instances (pipelined calls) and, in
+// "uncoalesced", instances that send every Check's calls on their own.
 func TestHammerCluster(t *testing.T) {
 	c := testenv.RedisCluster(t)
 	hammerAll(t, func(t *testing.T, now func() time.Time) limiter.Limiter {
 		return newClustered(t, c, DefaultKeyPrefix, now)
+	})
+	t.Run("uncoalesced", func(t *testing.T) {
+		hammerAll(t, func(t *testing.T, now func() time.Time) limiter.Limiter {
+			return newClusteredSenders(t, c, "u:", now, -1)
+		})
 	})
 }

@@ -37,7 +37,14 @@ func newSingle(t testing.TB, r *testenv.Redis, prefix string, now func() time.Ti
 // newClustered returns a Backend on the Cluster c, closed when the test ends.
 func newClustered(t testing.TB, c *testenv.Cluster, prefix string, now func() time.Time) *Backend {
 	t.Helper()
-	b, err := New(Options{ClusterAddrs: c.Addrs, KeyPrefix: prefix, Now: now, Timeout: testTimeout})
+	return newClusteredSenders(t, c, prefix, now, 0)
+}
+
+// newClusteredSenders is newClustered with Options.Senders (-1: every
+// Check's calls sent on their own, not coalesced).
+func newClusteredSenders(t testing.TB, c *testenv.Cluster, prefix string, now func() time.Time, senders int) *Backend {
+	t.Helper()
+	b, err := New(Options{ClusterAddrs: c.Addrs, KeyPrefix: prefix, Now: now, Timeout: testTimeout, Senders: senders})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

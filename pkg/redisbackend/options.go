@@ -72,11 +72,12 @@ type Options struct {
 	// detected on the first check and served with scripts. Set it when
 	// FUNCTION LOAD must not be used at all (flag --redis.functions=false).
 	DisableFunctions bool
-	// Senders is the number of coalesced check calls in flight at once on
-	// a single node or Sentinel (see "Coalescing" in coalesce.go): 0 means
-	// DefaultSenders, a negative value turns coalescing off so that every
-	// Check is a call of its own (flag --redis.senders). Cluster clients
-	// never coalesce.
+	// Senders is the number of coalesced calls in flight at once (see
+	// "Coalescing" in coalesce.go): on a single node or Sentinel, script
+	// calls that decide every queued Check; on a Cluster, pipelines of the
+	// queued Checks' per-slot calls. 0 means DefaultSenders; a negative
+	// value turns coalescing off, so that every Check is a call of its own
+	// (one per hash slot on a Cluster) (flag --redis.senders).
 	Senders int
 	// MaxBatch bounds the requests (limits) of one coalesced call; 0 means
 	// DefaultMaxBatch (flag --redis.max-batch). A Check larger than it is
