@@ -528,19 +528,10 @@ func (b *Backend) runCheck(ctx context.Context, bt *batch, keys, argv []string, 
 	return cmd
 }
 
-// sendCheck sends "<verb> <script> <numkeys> <keys> <flags> <argv>", built
-// in bt.cmd with every key and argument passed as a *string into keys and
-// argv, which go-redis writes as the string, so that no argument is boxed on
-// the heap.
+// sendCheck sends "<verb> <script> <numkeys> <keys> <flags> <argv>", its
+// arguments built in bt.cmd (appendCheckArgs).
 func (b *Backend) sendCheck(ctx context.Context, bt *batch, verb string, script any, keys, argv []string, flags any) *redis.StringCmd {
-	args := append(bt.cmd[:0], verb, script, len(keys))
-	for i := range keys {
-		args = append(args, &keys[i])
-	}
-	args = append(args, flags)
-	for i := range argv {
-		args = append(args, &argv[i])
-	}
+	args := appendCheckArgs(bt.cmd[:0], verb, script, keys, argv, flags)
 	bt.cmd = args
 	cmd := redis.NewStringCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3)
@@ -550,6 +541,22 @@ func (b *Backend) sendCheck(ctx context.Context, bt *batch, verb string, script 
 		_ = b.client.Process(ctx, noRetry{cmd})
 	}
 	return cmd
+}
+
+// appendCheckArgs appends the arguments of "<verb> <script> <numkeys> <keys>
+// <flags> <argv>" to dst, every key and argument as a *string into keys and
+// argv: go-redis writes it as the string, and no argument is boxed on the
+// heap. keys and argv must stay unchanged until the command has been read.
+func appendCheckArgs(dst []any, verb string, script any, keys, argv []string, flags any) []any {
+	dst = append(dst, verb, script, len(keys))
+	for i := range keys {
+		dst = append(dst, &keys[i])
+	}
+	dst = append(dst, flags)
+	for i := range argv {
+		dst = append(dst, &argv[i])
+	}
+	return dst
 }
 
 // noRetry is a script command that go-redis must not send again after a

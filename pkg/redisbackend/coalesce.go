@@ -522,15 +522,7 @@ func (c *coalescer) sendPipelined(ctx context.Context, live []*job) {
 		for _, j := range live {
 			for i := range j.groups {
 				g := &j.groups[i]
-				args := make([]any, 0, 4+len(g.keys)+len(g.argv))
-				args = append(args, verb, script, len(g.keys))
-				for k := range g.keys {
-					args = append(args, &g.keys[k])
-				}
-				args = append(args, b.flags[btoi(len(j.calls) > 1)])
-				for k := range g.argv {
-					args = append(args, &g.argv[k])
-				}
+				args := appendCheckArgs(make([]any, 0, 4+len(g.keys)+len(g.argv)), verb, script, g.keys, g.argv, b.flags[btoi(len(j.calls) > 1)])
 				cmd := redis.NewStringCmd(ctx, args...)
 				cmd.SetFirstKeyPos(3)
 				_ = p.Process(ctx, noRetry{cmd})
