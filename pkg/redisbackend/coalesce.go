@@ -25,13 +25,13 @@ import (
 // their own (check.lua). The reply is split between the callers.
 //
 // On a Cluster a script call cannot span hash slots, and every counter is a
-// slot of its own, so a Check is a group per slot, and the leader sends the
-// queued groups as calls of their own in one pipeline (sendPipelined):
-// go-redis writes each node its calls at once and reads their replies
-// together, in parallel across the nodes, following MOVED and ASK. Redis
-// runs each call as if it had come alone; each node pays one network read
-// and write per pipeline instead of per call, and envoy-rls one system call
-// each way per node and no goroutine per slot. The caller then decodes its
+// slot of its own, so a Check is a group per slot, and the leader sends one
+// call per hash slot among the queued groups, all in one pipeline
+// (sendPipelined): go-redis writes each node its calls at once and reads
+// their replies together, in parallel across the nodes, following MOVED and
+// ASK. Groups of the same slot share a call, as on a single node; each node
+// pays one network read and write per pipeline instead of per call, and
+// envoy-rls one system call each way per node and no goroutine per slot. The caller then decodes its
 // calls and, when one slot vetoed or failed, refunds the others as
 // checkCluster does. Everything below applies to both, but for the
 // connection of a slot: Cluster pipelines use the pool of each node.
@@ -506,53 +506,85 @@ func (c *coalescer) send(bt *batch, jobs []*job) {
 	}
 }
 
-// sendPipelined makes the calls of the Cluster jobs live, each a call of
-// its own in its hash slot, in one pipeline: go-redis sends each node its
-// calls together and reads their replies together, in parallel across the
-// nodes, following MOVED and ASK. It delivers every job; each call's reply
-// or error is in the job's calls.
+// sendPipelined makes the calls of the Cluster jobs live in one pipeline:
+// go-redis sends each node its calls together and reads their replies
+// together, in parallel across the nodes, following MOVED and ASK. The
+// groups of one hash slot (with the same flags) go in one call, in queue
+// order, as on a single node: Redis decides them one after the other, each
+// atomically, and reads and writes a counter they share once. It delivers
+// every job; each of its calls holds its reply or error.
 func (c *coalescer) sendPipelined(ctx context.Context, live []*job) {
 	b := c.b
 	verb, script := "evalsha", b.scripts.checkSHA
 	if b.functions.Load() {
 		verb, script = "fcall", b.scripts.checkFn
 	}
-	cmds := make([]*redis.StringCmd, 0, len(live))
-	_, _ = b.cluster.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, j := range live {
-			for i := range j.groups {
-				g := &j.groups[i]
-				args := appendCheckArgs(make([]any, 0, 4+len(g.keys)+len(g.argv)), verb, script, g.keys, g.argv, b.flags[btoi(len(j.calls) > 1)])
-				cmd := redis.NewStringCmd(ctx, args...)
-				cmd.SetFirstKeyPos(3)
-				_ = p.Process(ctx, noRetry{cmd})
-				cmds = append(cmds, cmd)
-			}
-		}
-		return nil
-	})
-	b.calls.Add(uint64(len(cmds)))
-	next := 0
+	// part is one group in a slot's call, for the slotCall it decides.
+	type part struct {
+		call *slotCall
+		n    int // its requests
+	}
+	type slotCmd struct {
+		alt        bool
+		parts      []part
+		keys, argv []string
+		cmd        *redis.StringCmd
+	}
+	var cmds []*slotCmd
+	bySlot := make(map[int]*slotCmd) // by slot·2 + alt
 	for _, j := range live {
 		alt := len(j.calls) > 1
 		for i, call := range j.calls {
 			g := &j.groups[i]
-			v, err := cmds[next].Result()
-			next++
-			if isFunctionMissing(err) || isUnsupported(err) || isNoScript(err) {
-				// Refused before it ran: send it alone, through
-				// runCheck, which loads the library or falls back to
-				// scripts.
-				bt := b.scratch.Get().(*batch)
-				v, err = b.runCheck(ctx, bt, g.keys, g.argv, b.flags[btoi(alt)]).Result()
-				clear(bt.cmd)
-				b.scratch.Put(bt)
+			k := slot(g.keys[0])*2 + btoi(alt)
+			sc := bySlot[k]
+			if sc == nil {
+				sc = &slotCmd{alt: alt}
+				bySlot[k] = sc
+				cmds = append(cmds, sc)
 			}
-			if want := replyLen(len(g.keys), alt); err == nil && len(v) != want {
-				err = fmt.Errorf("reply has %d bytes, want %d", len(v), want)
-			}
-			call.reply, call.err = v, err
+			sc.parts = append(sc.parts, part{call, len(g.keys)})
+			sc.keys = append(sc.keys, g.keys...)
+			sc.argv = append(sc.argv, g.argv...)
 		}
+	}
+	_, _ = b.cluster.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, sc := range cmds {
+			args := appendCheckArgs(make([]any, 0, 4+len(sc.keys)+len(sc.argv)), verb, script, sc.keys, sc.argv, b.flags[btoi(sc.alt)])
+			sc.cmd = redis.NewStringCmd(ctx, args...)
+			sc.cmd.SetFirstKeyPos(3)
+			_ = p.Process(ctx, noRetry{sc.cmd})
+		}
+		return nil
+	})
+	b.calls.Add(uint64(len(cmds)))
+	for _, sc := range cmds {
+		v, err := sc.cmd.Result()
+		if isFunctionMissing(err) || isUnsupported(err) || isNoScript(err) {
+			// Refused before it ran: send it alone, through runCheck,
+			// which loads the library or falls back to scripts.
+			bt := b.scratch.Get().(*batch)
+			v, err = b.runCheck(ctx, bt, sc.keys, sc.argv, b.flags[btoi(sc.alt)]).Result()
+			clear(bt.cmd)
+			b.scratch.Put(bt)
+		}
+		want := 0
+		for _, pt := range sc.parts {
+			want += replyLen(pt.n, sc.alt)
+		}
+		if err == nil && len(v) != want {
+			err = fmt.Errorf("reply has %d bytes, want %d", len(v), want)
+		}
+		for _, pt := range sc.parts {
+			if err != nil {
+				pt.call.err = err
+				continue
+			}
+			k := replyLen(pt.n, sc.alt)
+			pt.call.reply, v = v[:k], v[k:]
+		}
+	}
+	for _, j := range live {
 		c.deliver(j, nil)
 	}
 }
