@@ -26,9 +26,10 @@
 // one MGET and writes each admitted counter once.
 //
 // Cluster: the batch is split by hash slot, one script call per slot.
-// Concurrent Checks are coalesced too: their calls go out together in one
-// pipeline, which go-redis splits by node (one network write and read per
-// node); with coalescing off, a Check's calls are sent in parallel. When one
+// Concurrent Checks are coalesced too: their calls of one slot share a
+// script call, and all of them go out in one pipeline, which go-redis splits
+// by node (one network write and read per node); with coalescing off, a
+// Check's calls are sent in parallel. When one
 // slot vetoes the batch while another slot admitted and consumed, the consumed hits are given back by a second script
 // (refund.lua). Between the two calls other requests may see the extra count
 // and be denied although they would have been admitted; the refund never
