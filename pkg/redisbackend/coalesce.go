@@ -31,10 +31,10 @@ import (
 // their replies together, in parallel across the nodes, following MOVED and
 // ASK. Groups of the same slot share a call, as on a single node; each node
 // pays one network read and write per pipeline instead of per call, and
-// envoy-rls one system call each way per node and no goroutine per slot. The caller then decodes its
-// calls and, when one slot vetoed or failed, refunds the others as
-// checkCluster does. Everything below applies to both, but for the
-// connection of a slot: Cluster pipelines use the pool of each node.
+// envoy-rls one system call each way per node and no goroutine per slot. The
+// caller then decodes its calls and, when one slot vetoed or failed, refunds
+// the others as checkCluster does. Everything below applies to both, but for
+// the connection of a slot: Cluster pipelines use the pool of each node.
 //
 // There is no sender goroutine: a Check that finds a slot idle sends its
 // call itself, so a lone Check crosses no goroutine on its way to Redis and
@@ -245,10 +245,11 @@ func (c *coalescer) check(ctx context.Context, deadline time.Time, reqs []limite
 	return nil
 }
 
-// callFailed wraps the error of a coalesced call that ended by deadline:
-// limiter.ErrUnavailable, and context.DeadlineExceeded when the deadline has
-// passed (the socket's deadline can fire just before it, and go-redis
-// reports that as an i/o timeout).
+// callFailed wraps the error of a failed coalesced call for a Check whose
+// call ended by deadline: limiter.ErrUnavailable, and
+// context.DeadlineExceeded too once the deadline has passed (the socket's
+// deadline can fire just before it, and go-redis reports that as an i/o
+// timeout).
 func callFailed(ctx context.Context, deadline time.Time, err error) error {
 	if !deadline.IsZero() && !time.Now().Before(deadline) && !errors.Is(err, context.DeadlineExceeded) {
 		err = fmt.Errorf("%w (%w)", err, context.DeadlineExceeded)
