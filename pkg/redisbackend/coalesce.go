@@ -245,11 +245,10 @@ func (c *coalescer) check(ctx context.Context, deadline time.Time, reqs []limite
 	return nil
 }
 
-// callFailed wraps the error of a failed coalesced call for a Check whose
-// call ended by deadline: limiter.ErrUnavailable, and
-// context.DeadlineExceeded too once the deadline has passed (the socket's
-// deadline can fire just before it, and go-redis reports that as an i/o
-// timeout).
+// callFailed wraps err, the failure of a Check's coalesced call, in
+// limiter.ErrUnavailable, adding context.DeadlineExceeded once the Check's
+// deadline has passed (the socket's deadline can fire just before it, and
+// go-redis reports that as an i/o timeout).
 func callFailed(ctx context.Context, deadline time.Time, err error) error {
 	if !deadline.IsZero() && !time.Now().Before(deadline) && !errors.Is(err, context.DeadlineExceeded) {
 		err = fmt.Errorf("%w (%w)", err, context.DeadlineExceeded)
