@@ -54,6 +54,11 @@
 #   BENCH_RLS_ARGS   extra envoy-rls flags, e.g. "--redis.senders -1" (word-split)
 #   BENCH_RLS_ENV    extra environment of envoy-rls alone, e.g. "GOMAXPROCS=1"
 #                    (word-split, given to env(1))
+#   BENCH_REDIS      "single" (default): one redis-server; "cluster": a Redis
+#                    Cluster of three masters (no replicas) made with
+#                    redis-cli --cluster create, envoy-rls on
+#                    --redis.cluster-addrs, and "redis µs/req" the sum over
+#                    the three masters
 #   BENCH_SERVER_HISTOGRAM  the envoy-rls histogram behind "server p50/p99 ms"
 #                    (default envoy_rls_request_duration_seconds;
 #                    envoy_rls_store_duration_seconds shows the wait for Redis)
@@ -81,6 +86,14 @@ BENCH_OUT="${BENCH_OUT:-}"
 BENCH_RLS_ARGS="${BENCH_RLS_ARGS:-}"
 BENCH_RLS_ENV="${BENCH_RLS_ENV:-}"
 BENCH_SERVER_HISTOGRAM="${BENCH_SERVER_HISTOGRAM:-envoy_rls_request_duration_seconds}"
+BENCH_REDIS="${BENCH_REDIS:-single}"
+case "$BENCH_REDIS" in
+single | cluster) ;;
+*)
+	printf 'bench: BENCH_REDIS=%s: want single or cluster\n' "$BENCH_REDIS" >&2
+	exit 2
+	;;
+esac
 
 BIN="$ROOT/.tools/bin"
 log() { printf 'bench: %s\n' "$*" >&2; }
@@ -170,6 +183,10 @@ if [ "$needs_rls" = 1 ]; then
 		die "envoy-rls does not build; BENCH_SCENARIOS=ceiling runs the do-nothing ceiling alone"
 	command -v redis-server >/dev/null 2>&1 ||
 		die "redis-server not found in PATH: run \`make test\` (it installs redis-server) or scripts/install-deps.sh"
+	if [ "$BENCH_REDIS" = cluster ]; then
+		command -v redis-cli >/dev/null 2>&1 ||
+			die "redis-cli not found in PATH (BENCH_REDIS=cluster): run \`make test\` (it installs redis-tools) or scripts/install-deps.sh"
+	fi
 fi
 
 # --- servers -------------------------------------------------------------------
@@ -179,13 +196,56 @@ NOOP_PID=$!
 PIDS+=("$NOOP_PID")
 wait_until "rls-bench serve-noop" "$NOOP_PID" "$TMP/noop.log" tcp_open "$NOOP_PORT"
 
-if [ "$needs_rls" = 1 ]; then
+# start_redis NAME ARGS...: a throwaway redis-server on a free port; sets
+# REDIS_PORT and REDIS_PID.
+start_redis() {
+	local name="$1"
+	shift
 	REDIS_PORT="$(free_port)"
-	redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
-		>"$TMP/redis.log" 2>&1 &
+	mkdir -p "$TMP/$name"
+	(cd "$TMP/$name" && exec redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+		--daemonize no "$@") >"$TMP/$name.log" 2>&1 &
 	REDIS_PID=$!
 	PIDS+=("$REDIS_PID")
-	wait_until "redis-server" "$REDIS_PID" "$TMP/redis.log" redis_pong "$REDIS_PORT"
+	wait_until "redis-server ($name)" "$REDIS_PID" "$TMP/$name.log" redis_pong "$REDIS_PORT"
+}
+
+cluster_ok() ( # cluster_ok PORT: CLUSTER INFO says cluster_state:ok
+	exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+	printf 'CLUSTER INFO\r\n' >&3
+	local line
+	while IFS= read -r -t 1 line <&3; do
+		[[ "$line" == cluster_state:ok* ]] && exit 0
+		[[ "$line" == cluster_state:* ]] && exit 1
+	done
+	exit 1
+)
+
+if [ "$needs_rls" = 1 ]; then
+	REDIS_CPU=()
+	if [ "$BENCH_REDIS" = cluster ]; then
+		MASTERS=()
+		for i in 1 2 3; do
+			start_redis "redis$i" --cluster-enabled yes --cluster-config-file nodes.conf
+			MASTERS+=("127.0.0.1:$REDIS_PORT")
+			REDIS_CPU+=(--cpu "redis=$REDIS_PID")
+		done
+		redis-cli --cluster create "${MASTERS[@]}" --cluster-replicas 0 --cluster-yes >"$TMP/cluster-create.log" 2>&1 || {
+			cat "$TMP/cluster-create.log" >&2
+			die "redis-cli --cluster create failed"
+		}
+		for p in "${MASTERS[@]}"; do
+			wait_until "Redis Cluster" "$REDIS_PID" "$TMP/redis3.log" cluster_ok "${p##*:}"
+		done
+		REDIS_FLAG=(--redis.cluster-addrs "$(
+			IFS=,
+			echo "${MASTERS[*]}"
+		)")
+	else
+		start_redis redis
+		REDIS_CPU+=(--cpu "redis=$REDIS_PID")
+		REDIS_FLAG=(--redis.url "redis://127.0.0.1:$REDIS_PORT")
+	fi
 
 	mkdir -p "$TMP/config"
 	cp "$ROOT/testdata/bench/bench.yaml" "$TMP/config/bench.yaml"
@@ -197,14 +257,14 @@ if [ "$needs_rls" = 1 ]; then
 		--grpc.addr "127.0.0.1:$RLS_GRPC" \
 		--http.addr "127.0.0.1:$RLS_HTTP" \
 		--debug.addr "127.0.0.1:$RLS_DEBUG" \
-		--redis.url "redis://127.0.0.1:$REDIS_PORT" \
+		"${REDIS_FLAG[@]}" \
 		--log.level warn \
 		$BENCH_RLS_ARGS \
 		>"$TMP/envoy-rls.log" 2>&1 &
 	RLS_PID=$!
 	PIDS+=("$RLS_PID")
 	wait_until "envoy-rls" "$RLS_PID" "$TMP/envoy-rls.log" http_ok "$RLS_HTTP" /readyz
-	log "redis-server pid $REDIS_PID on :$REDIS_PORT, envoy-rls pid $RLS_PID on :$RLS_GRPC (http :$RLS_HTTP), do-nothing pid $NOOP_PID on :$NOOP_PORT"
+	log "redis ($BENCH_REDIS) ${REDIS_FLAG[*]}, envoy-rls pid $RLS_PID on :$RLS_GRPC (http :$RLS_HTTP), do-nothing pid $NOOP_PID on :$NOOP_PORT"
 fi
 
 # --- runs ----------------------------------------------------------------------
@@ -224,7 +284,7 @@ bench() {
 }
 
 rls() {
-	bench "$@" --addr "127.0.0.1:$RLS_GRPC" --domain bench --cpu "rls=$RLS_PID" --cpu "redis=$REDIS_PID" \
+	bench "$@" --addr "127.0.0.1:$RLS_GRPC" --domain bench --cpu "rls=$RLS_PID" "${REDIS_CPU[@]}" \
 		--server-metrics "http://127.0.0.1:$RLS_HTTP/metrics" --server-histogram "$BENCH_SERVER_HISTOGRAM"
 }
 
@@ -265,5 +325,5 @@ if [ -n "$BENCH_OUT" ]; then
 fi
 echo
 load="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')"
-echo "envoy-rls bench: $(nproc 2>/dev/null || echo '?') CPUs (load average at the end: $load), medians of ${BENCH_REPEAT} rounds of ${BENCH_DURATION} measured after ${BENCH_WARMUP} warm-up, ${BENCH_CONNECTIONS} connections; latencies in ms"
+echo "envoy-rls bench: $(nproc 2>/dev/null || echo '?') CPUs (load average at the end: $load), Redis: $BENCH_REDIS, medians of ${BENCH_REPEAT} rounds of ${BENCH_DURATION} measured after ${BENCH_WARMUP} warm-up, ${BENCH_CONNECTIONS} connections; latencies in ms"
 "$BIN/rls-bench" report --median "$RESULTS"

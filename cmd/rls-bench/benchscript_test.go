@@ -23,6 +23,39 @@ import (
 // so a larger limit fails the test); and the envoy-rls rows carry the CPU
 // of envoy-rls and Redis and the server's own latency.
 func TestMakeBench(t *testing.T) {
+	var want []row
+	for _, c := range []int{2, 8} {
+		want = append(want, row{"do-nothing", c})
+		for _, l := range []string{"1 key", "100k keys", "3 desc, 100k", "4 limits, 100k", "hot key (over)"} {
+			want = append(want, row{l, c})
+		}
+	}
+	want = append(want, row{"do-nothing, open", 64}, row{"open loop, 3 desc", 64})
+	runBench(t, want, "BENCH_CALLERS=2 8", "BENCH_RATE=1000")
+}
+
+// TestMakeBenchCluster: the same on a Redis Cluster of three masters that
+// the script creates (BENCH_REDIS=cluster), for three scenarios; "redis
+// µs/req" is then the masters' CPU added up.
+func TestMakeBenchCluster(t *testing.T) {
+	want := []row{{"1 key", 4}, {"3 desc, 100k", 4}, {"hot key (over)", 4}}
+	stdout := runBench(t, want, "BENCH_REDIS=cluster", "BENCH_SCENARIOS=one-key three-desc hot-key", "BENCH_CALLERS=4")
+	if !strings.Contains(stdout, "Redis: cluster") {
+		t.Errorf("the table's header does not say Redis: cluster:\n%s", stdout)
+	}
+}
+
+// row is a scenario at a number of callers.
+type row struct {
+	label   string
+	callers int
+}
+
+// runBench runs scripts/bench.sh with runs of 0.3 s, no warm-up, one round
+// and env, checks that it reported exactly the rows of want and checks each
+// (see TestMakeBench). It returns the script's standard output.
+func runBench(t *testing.T, want []row, env ...string) string {
+	t.Helper()
 	root, err := testenv.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
@@ -33,10 +66,10 @@ func TestMakeBench(t *testing.T) {
 	cmd := exec.CommandContext(ctx, "bash", filepath.Join(root, "scripts", "bench.sh"))
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(),
-		"BENCH_DURATION=300ms", "BENCH_WARMUP=0s", "BENCH_REPEAT=1",
-		"BENCH_CALLERS=2 8", "BENCH_RATE=1000", "BENCH_OUT="+out,
+		"BENCH_DURATION=300ms", "BENCH_WARMUP=0s", "BENCH_REPEAT=1", "BENCH_OUT="+out,
 		"TMPDIR="+t.TempDir(),
 	)
+	cmd.Env = append(cmd.Env, env...)
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -52,35 +85,21 @@ func TestMakeBench(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	type key struct {
-		label   string
-		callers int
-	}
-	byKey := map[key]*bench.Result{}
+	byRow := map[row]*bench.Result{}
 	for _, r := range rs {
-		k := key{r.Label, r.Callers}
-		if byKey[k] != nil {
+		k := row{r.Label, r.Callers}
+		if byRow[k] != nil {
 			t.Errorf("%q at %d callers reported twice with BENCH_REPEAT=1", r.Label, r.Callers)
 		}
-		byKey[k] = r
+		byRow[k] = r
 	}
-
-	rlsLabels := []string{"1 key", "100k keys", "3 desc, 100k", "4 limits, 100k", "hot key (over)"}
-	var want []key
-	for _, c := range []int{2, 8} {
-		want = append(want, key{"do-nothing", c})
-		for _, l := range rlsLabels {
-			want = append(want, key{l, c})
-		}
-	}
-	want = append(want, key{"do-nothing, open", 64}, key{"open loop, 3 desc", 64})
 	if len(rs) != len(want) {
 		t.Errorf("%d results, want %d (%v)", len(rs), len(want), want)
 	}
 
 	var hotOK, hotOver int64
 	for _, k := range want {
-		r := byKey[k]
+		r := byRow[k]
 		if r == nil {
 			t.Errorf("no result for %q at %d callers", k.label, k.callers)
 			continue
@@ -106,12 +125,12 @@ func TestMakeBench(t *testing.T) {
 		if isNoop {
 			continue
 		}
-		cpu := map[string]bool{}
+		cpu := map[string]int{}
 		for _, c := range r.CPU {
-			cpu[c.Name] = true
+			cpu[c.Name]++
 		}
-		if !cpu["rls"] || !cpu["redis"] || !cpu["bench"] {
-			t.Errorf("%q at %d callers: CPU of %v, want bench, rls and redis", k.label, k.callers, r.CPU)
+		if cpu["rls"] != 1 || cpu["redis"] != 1 || cpu["bench"] != 1 || len(cpu) != 3 {
+			t.Errorf("%q at %d callers: CPU of %v, want bench, rls and redis once each", k.label, k.callers, r.CPU)
 		}
 		if r.Server == nil || r.Server.Requests == 0 {
 			t.Errorf("%q at %d callers: no server latency (%+v)", k.label, k.callers, r.Server)
@@ -120,4 +139,5 @@ func TestMakeBench(t *testing.T) {
 	if hotOK > 1 || hotOver == 0 {
 		t.Errorf("hot key: %d OK and %d OVER_LIMIT over the run, want at most 1 OK (its limit) and some OVER_LIMIT", hotOK, hotOver)
 	}
+	return stdout.String()
 }

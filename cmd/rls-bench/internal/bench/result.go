@@ -99,11 +99,20 @@ func newResult(o Options, m measurement, before, after []time.Duration) *Result 
 	if r.ElapsedS > 0 {
 		r.RPS = float64(answered) / r.ElapsedS
 	}
+	// Probes of the same name add up (the masters of a Redis Cluster),
+	// reported once, where the name first appears.
+	var names []string
+	used := map[string]time.Duration{}
 	for i, p := range o.CPU {
-		used := after[i] - before[i]
-		u := CPUUse{Name: p.Name, Seconds: used.Seconds()}
+		if _, seen := used[p.Name]; !seen {
+			names = append(names, p.Name)
+		}
+		used[p.Name] += after[i] - before[i]
+	}
+	for _, name := range names {
+		u := CPUUse{Name: name, Seconds: used[name].Seconds()}
 		if answered > 0 {
-			u.MicrosPerReq = float64(used.Microseconds()) / float64(answered)
+			u.MicrosPerReq = float64(used[name].Microseconds()) / float64(answered)
 		}
 		r.CPU = append(r.CPU, u)
 	}

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -118,6 +119,31 @@ func TestNewResultCountsAnswersOnly(t *testing.T) {
 	}
 	if r.Max != 8 || r.P50 < 4 || r.P50 > 4*(1+1.0/subCount) {
 		t.Errorf("max=%v p50=%v, want 8 and about 4 (ms)", r.Max, r.P50)
+	}
+}
+
+// TestNewResultAddsProbesOfOneName: CPU probes that share a name (the
+// masters of a Redis Cluster) are reported as one, their times added, in
+// the order names first appear.
+func TestNewResultAddsProbesOfOneName(t *testing.T) {
+	m := measurement{elapsed: time.Second}
+	m.ok = 1000
+	probes := []CPUProbe{{Name: "redis", PID: 1}, {Name: "rls", PID: 2}, {Name: "redis", PID: 3}, {Name: "redis", PID: 4}}
+	o, err := Options{Addr: "x:1", Descriptors: []Template{{}}, CPU: probes}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := []time.Duration{time.Second, time.Second, 2 * time.Second, 3 * time.Second}
+	after := []time.Duration{time.Second + 10*time.Millisecond, time.Second + 50*time.Millisecond, 2*time.Second + 20*time.Millisecond, 3*time.Second + 30*time.Millisecond}
+	r := newResult(o, m, before, after)
+	want := []CPUUse{{Name: "redis", Seconds: 0.06, MicrosPerReq: 60}, {Name: "rls", Seconds: 0.05, MicrosPerReq: 50}}
+	if len(r.CPU) != len(want) {
+		t.Fatalf("cpu = %+v, want %+v", r.CPU, want)
+	}
+	for i := range want {
+		if r.CPU[i].Name != want[i].Name || math.Abs(r.CPU[i].Seconds-want[i].Seconds) > 1e-9 || math.Abs(r.CPU[i].MicrosPerReq-want[i].MicrosPerReq) > 1e-9 {
+			t.Errorf("cpu[%d] = %+v, want %+v", i, r.CPU[i], want[i])
+		}
 	}
 }
 
