@@ -121,12 +121,15 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# free_port prints a loopback port nobody answers on (a server that loses
-# the race for it fails to start and the script says so).
+# free_port prints a loopback port nobody answers on, below Linux's
+# ephemeral range (32768-60999), so that no outgoing connection of another
+# process takes it meanwhile; a Redis Cluster node's bus port (+10000) stays
+# below it too. A server that loses the race for it anyway is started again
+# (launch).
 free_port() {
 	local p try
 	for try in $(seq 1 100); do
-		p=$((20000 + RANDOM % 40000))
+		p=$((20000 + RANDOM % 2700))
 		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
 			echo "$p"
 			return 0
@@ -136,7 +139,8 @@ free_port() {
 }
 
 # wait_until NAME PID LOGFILE CMD...: poll CMD every 0.1 s for up to 15 s
-# while process PID lives.
+# while process PID lives; it fails if the process exits first, and stops
+# the script if it is not ready in time.
 wait_until() {
 	local name="$1" pid="$2" logfile="$3"
 	shift 3
@@ -146,15 +150,36 @@ wait_until() {
 			return 0
 		fi
 		if ! kill -0 "$pid" 2>/dev/null; then
-			log "$name exited before it was ready; its log:"
-			cat "$logfile" >&2
-			exit 1
+			return 1
 		fi
 		sleep 0.1
 	done
 	log "$name not ready after 15s; its log:"
 	cat "$logfile" >&2
 	exit 1
+}
+
+# launch NAME LOGFILE START READY: START starts a server in the background on
+# ports it picks and sets LAUNCHED_PID; launch waits until READY succeeds. A
+# server that exits because a port it picked was taken meanwhile is started
+# again on other ports (5 attempts); any other exit stops the script with
+# the server's log.
+launch() {
+	local name="$1" logfile="$2" start="$3" ready="$4" attempt
+	for attempt in 1 2 3 4 5; do
+		"$start"
+		PIDS+=("$LAUNCHED_PID")
+		if wait_until "$name" "$LAUNCHED_PID" "$logfile" "$ready"; then
+			return 0
+		fi
+		if [ "$attempt" -lt 5 ] && grep -qi "address already in use" "$logfile"; then
+			log "$name: a port it picked was taken meanwhile; starting it again"
+			continue
+		fi
+		log "$name exited before it was ready; its log:"
+		cat "$logfile" >&2
+		exit 1
+	done
 }
 
 tcp_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1"); }
@@ -190,25 +215,33 @@ if [ "$needs_rls" = 1 ]; then
 fi
 
 # --- servers -------------------------------------------------------------------
-NOOP_PORT="$(free_port)"
-"$BIN/rls-bench" serve-noop --addr "127.0.0.1:$NOOP_PORT" >"$TMP/noop.log" 2>&1 &
-NOOP_PID=$!
-PIDS+=("$NOOP_PID")
-wait_until "rls-bench serve-noop" "$NOOP_PID" "$TMP/noop.log" tcp_open "$NOOP_PORT"
+start_noop() {
+	NOOP_PORT="$(free_port)"
+	"$BIN/rls-bench" serve-noop --addr "127.0.0.1:$NOOP_PORT" >"$TMP/noop.log" 2>&1 &
+	NOOP_PID=$!
+	LAUNCHED_PID=$NOOP_PID
+}
+noop_ready() { tcp_open "$NOOP_PORT"; }
+launch "rls-bench serve-noop" "$TMP/noop.log" start_noop noop_ready
 
 # start_redis NAME ARGS...: a throwaway redis-server on a free port; sets
 # REDIS_PORT and REDIS_PID.
 start_redis() {
-	local name="$1"
+	REDIS_NAME="$1"
 	shift
-	REDIS_PORT="$(free_port)"
-	mkdir -p "$TMP/$name"
-	(cd "$TMP/$name" && exec redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
-		--daemonize no "$@") >"$TMP/$name.log" 2>&1 &
-	REDIS_PID=$!
-	PIDS+=("$REDIS_PID")
-	wait_until "redis-server ($name)" "$REDIS_PID" "$TMP/$name.log" redis_pong "$REDIS_PORT"
+	REDIS_ARGS=("$@")
+	mkdir -p "$TMP/$REDIS_NAME"
+	launch "redis-server ($REDIS_NAME)" "$TMP/$REDIS_NAME.log" launch_redis redis_ready
 }
+launch_redis() {
+	REDIS_PORT="$(free_port)"
+	rm -f "$TMP/$REDIS_NAME/nodes.conf"
+	(cd "$TMP/$REDIS_NAME" && exec redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+		--daemonize no "${REDIS_ARGS[@]}") >"$TMP/$REDIS_NAME.log" 2>&1 &
+	REDIS_PID=$!
+	LAUNCHED_PID=$REDIS_PID
+}
+redis_ready() { redis_pong "$REDIS_PORT"; }
 
 cluster_ok() ( # cluster_ok PORT: CLUSTER INFO says cluster_state:ok
 	exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
@@ -235,7 +268,10 @@ if [ "$needs_rls" = 1 ]; then
 			die "redis-cli --cluster create failed"
 		}
 		for p in "${MASTERS[@]}"; do
-			wait_until "Redis Cluster" "$REDIS_PID" "$TMP/redis3.log" cluster_ok "${p##*:}"
+			wait_until "Redis Cluster" "$REDIS_PID" "$TMP/redis3.log" cluster_ok "${p##*:}" || {
+				cat "$TMP/redis3.log" >&2
+				die "a Redis Cluster master exited"
+			}
 		done
 		REDIS_FLAG=(--redis.cluster-addrs "$(
 			IFS=,
@@ -249,21 +285,24 @@ if [ "$needs_rls" = 1 ]; then
 
 	mkdir -p "$TMP/config"
 	cp "$ROOT/testdata/bench/bench.yaml" "$TMP/config/bench.yaml"
-	RLS_GRPC="$(free_port)"
-	RLS_HTTP="$(free_port)"
-	RLS_DEBUG="$(free_port)"
-	env $BENCH_RLS_ENV "$BIN/envoy-rls" serve \
-		--config.dir "$TMP/config" \
-		--grpc.addr "127.0.0.1:$RLS_GRPC" \
-		--http.addr "127.0.0.1:$RLS_HTTP" \
-		--debug.addr "127.0.0.1:$RLS_DEBUG" \
-		"${REDIS_FLAG[@]}" \
-		--log.level warn \
-		$BENCH_RLS_ARGS \
-		>"$TMP/envoy-rls.log" 2>&1 &
-	RLS_PID=$!
-	PIDS+=("$RLS_PID")
-	wait_until "envoy-rls" "$RLS_PID" "$TMP/envoy-rls.log" http_ok "$RLS_HTTP" /readyz
+	start_rls() {
+		RLS_GRPC="$(free_port)"
+		RLS_HTTP="$(free_port)"
+		RLS_DEBUG="$(free_port)"
+		env $BENCH_RLS_ENV "$BIN/envoy-rls" serve \
+			--config.dir "$TMP/config" \
+			--grpc.addr "127.0.0.1:$RLS_GRPC" \
+			--http.addr "127.0.0.1:$RLS_HTTP" \
+			--debug.addr "127.0.0.1:$RLS_DEBUG" \
+			"${REDIS_FLAG[@]}" \
+			--log.level warn \
+			$BENCH_RLS_ARGS \
+			>"$TMP/envoy-rls.log" 2>&1 &
+		RLS_PID=$!
+		LAUNCHED_PID=$RLS_PID
+	}
+	rls_ready() { http_ok "$RLS_HTTP" /readyz; }
+	launch envoy-rls "$TMP/envoy-rls.log" start_rls rls_ready
 	log "redis ($BENCH_REDIS) ${REDIS_FLAG[*]}, envoy-rls pid $RLS_PID on :$RLS_GRPC (http :$RLS_HTTP), do-nothing pid $NOOP_PID on :$NOOP_PORT"
 fi
 
