@@ -448,8 +448,9 @@ type batch struct {
 	cmd  []any // the command's arguments: pointers into keys and argv
 	// conn, when set, is the connection the calls go through instead of
 	// the client's pool (a coalescing sender slot's own; see coalescer).
-	conn *redis.Conn
-	jobs []*job // the jobs of a coalesced call
+	conn  *redis.Conn
+	jobs  []*job // the jobs of a coalesced call
+	parts []part // and their groups' calls
 }
 
 // closeConn closes bt's own connection, if any.

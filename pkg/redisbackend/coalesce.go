@@ -95,19 +95,19 @@ const (
 
 // job is one Check waiting for a coalesced call.
 type job struct {
-	g group // single node and Sentinel: the Check's group
-	// Cluster: the Check's calls, one per hash slot, and their groups
-	// (groups[i] encodes the requests of calls[i]).
+	// The Check's calls and their groups (groups[i] encodes the requests
+	// of calls[i]): on a single node or Sentinel one, of every request
+	// (one, kept with the job); on a Cluster one per hash slot.
 	calls    []*slotCall
 	groups   []group
+	one      slotCall
 	ctx      context.Context
 	deadline time.Time // zero: none
 	state    atomic.Int32
 	// done receives once per delivered result, and once when the job's
 	// caller is lent a slot to lead the next call.
-	done  chan struct{}
-	reply string // the group's part of the reply
-	err   error
+	done chan struct{}
+	err  error // the Check failed before its calls were decided
 	// Under coalescer.mu: queued while the job is in coalescer.queue; lead
 	// is the slot lent to its caller (taking the job out of the queue),
 	// until the caller takes it.
@@ -187,11 +187,7 @@ var errClosed = errors.New("redisbackend: closed")
 // (zero: no deadline).
 func (c *coalescer) check(ctx context.Context, deadline time.Time, reqs []limiter.Request, results []limiter.Result) error {
 	j := c.pool.Get().(*job)
-	if c.b.cluster != nil {
-		j.encodeCluster(c.b, reqs)
-	} else {
-		j.g.encode(c.b, reqs, nil)
-	}
+	j.encode(c.b, reqs)
 	j.ctx, j.deadline = ctx, deadline
 	j.state.Store(jobPending)
 	c.mu.Lock()
@@ -236,13 +232,7 @@ func (c *coalescer) check(ctx context.Context, deadline time.Time, reqs []limite
 	if err := j.err; err != nil {
 		return callFailed(ctx, deadline, err)
 	}
-	if c.b.cluster != nil {
-		return c.b.finishCluster(ctx, deadline, reqs, j.calls, results)
-	}
-	if _, _, err := decodeReply(j.reply, nil, results, nil); err != nil {
-		return unavailable(ctx, "check script", err)
-	}
-	return nil
+	return c.b.finish(ctx, deadline, reqs, j.calls, results)
 }
 
 // callFailed wraps err, the failure of a Check's coalesced call, in
@@ -256,10 +246,20 @@ func callFailed(ctx context.Context, deadline time.Time, err error) error {
 	return unavailable(ctx, "check script", err)
 }
 
-// encodeCluster fills j with the Check of reqs split by hash slot: one call
-// and one group per slot, the groups asking for the figures without
+// encode fills j with the calls and groups of the Check of reqs: on a
+// Cluster, split by hash slot, the groups asking for the figures without
 // consumption when there are several (a slot may have to be refunded).
-func (j *job) encodeCluster(b *Backend, reqs []limiter.Request) {
+func (j *job) encode(b *Backend, reqs []limiter.Request) {
+	if b.cluster == nil {
+		j.one = slotCall{}
+		j.calls = append(j.calls[:0], &j.one)
+		if len(j.groups) == 0 {
+			j.groups = make([]group, 1)
+		}
+		j.groups = j.groups[:1]
+		j.groups[0].encode(b, reqs, nil)
+		return
+	}
 	j.calls = b.groupBySlot(reqs)
 	if cap(j.groups) < len(j.calls) {
 		j.groups = append(j.groups[:cap(j.groups)], make([]group, len(j.calls)-cap(j.groups))...)
@@ -275,9 +275,6 @@ func (j *job) encodeCluster(b *Backend, reqs []limiter.Request) {
 
 // nkeys returns the number of requests (keys) of j's Check.
 func (j *job) nkeys() int {
-	if j.calls == nil {
-		return len(j.g.keys)
-	}
 	n := 0
 	for i := range j.groups {
 		n += len(j.groups[i].keys)
@@ -285,9 +282,9 @@ func (j *job) nkeys() int {
 	return n
 }
 
-// finishCluster decodes the replies of a coalesced Cluster Check's calls
-// and settles it as checkCluster does.
-func (b *Backend) finishCluster(ctx context.Context, deadline time.Time, reqs []limiter.Request, calls []*slotCall, results []limiter.Result) error {
+// finish decodes the replies of a coalesced Check's calls into results and,
+// on a Cluster, settles it as checkCluster does.
+func (b *Backend) finish(ctx context.Context, deadline time.Time, reqs []limiter.Request, calls []*slotCall, results []limiter.Result) error {
 	for _, call := range calls {
 		if call.err != nil {
 			call.err = callFailed(ctx, deadline, call.err)
@@ -307,7 +304,7 @@ func (b *Backend) finishCluster(ctx context.Context, deadline time.Time, reqs []
 		err = b.settle(rctx, reqs, calls, results)
 		cancel()
 	}
-	if err != nil {
+	if err != nil && b.cluster != nil {
 		// As in Check: refresh the slot map now.
 		b.cluster.ReloadState(ctx)
 	}
@@ -415,13 +412,13 @@ func (c *coalescer) dequeue(n int) {
 
 // put returns j to the pool, without references to its caller's data.
 func (c *coalescer) put(j *job) {
-	j.g.release()
 	for i := range j.groups {
 		j.groups[i].release()
 	}
-	j.calls = nil
+	clear(j.calls)
+	j.calls = j.calls[:0]
+	j.one = slotCall{}
 	j.ctx, j.err, j.deadline = nil, nil, time.Time{}
-	j.reply = ""
 	c.pool.Put(j)
 }
 
@@ -472,12 +469,12 @@ func (c *coalescer) send(bt *batch, jobs []*job) {
 		c.sendPipelined(ctx, live)
 		return
 	}
-	keys, argv := bt.keys[:0], bt.argv[:0]
-	want := 0
+	keys, argv, parts := bt.keys[:0], bt.argv[:0], bt.parts[:0]
 	for _, j := range live {
-		keys = append(keys, j.g.keys...)
-		argv = append(argv, j.g.argv...)
-		want += replyLen(len(j.g.keys), false)
+		g := &j.groups[0]
+		keys = append(keys, g.keys...)
+		argv = append(argv, g.argv...)
+		parts = append(parts, part{j.calls[0], len(g.keys)})
 	}
 	bt.keys, bt.argv = keys, argv
 	if bt.conn == nil && c.conns != nil {
@@ -492,17 +489,39 @@ func (c *coalescer) send(bt *batch, jobs []*job) {
 	clear(keys)
 	clear(argv)
 	clear(bt.cmd)
+	splitReply(v, err, false, parts)
+	clear(parts)
+	bt.parts = parts[:0]
+	for _, j := range live {
+		c.deliver(j, nil)
+	}
+}
+
+// part is one group of a call: the slotCall it decides and its number of
+// requests.
+type part struct {
+	call *slotCall
+	n    int
+}
+
+// splitReply hands each part its share of v, the reply of the call that
+// decided their groups in order (with the figures without consumption when
+// alt), or the call's error when it failed or its reply has the wrong length.
+func splitReply(v string, err error, alt bool, parts []part) {
+	want := 0
+	for _, pt := range parts {
+		want += replyLen(pt.n, alt)
+	}
 	if err == nil && len(v) != want {
 		err = fmt.Errorf("reply has %d bytes, want %d", len(v), want)
 	}
-	for _, j := range live {
+	for _, pt := range parts {
 		if err != nil {
-			c.deliver(j, err)
+			pt.call.err = err
 			continue
 		}
-		k := replyLen(len(j.g.keys), false)
-		j.reply, v = v[:k], v[k:]
-		c.deliver(j, nil)
+		k := replyLen(pt.n, alt)
+		pt.call.reply, v = v[:k], v[k:]
 	}
 }
 
@@ -518,11 +537,6 @@ func (c *coalescer) sendPipelined(ctx context.Context, live []*job) {
 	verb, script := "evalsha", b.scripts.checkSHA
 	if b.functions.Load() {
 		verb, script = "fcall", b.scripts.checkFn
-	}
-	// part is one group in a slot's call, for the slotCall it decides.
-	type part struct {
-		call *slotCall
-		n    int // its requests
 	}
 	type slotCmd struct {
 		alt        bool
@@ -568,21 +582,7 @@ func (c *coalescer) sendPipelined(ctx context.Context, live []*job) {
 			clear(bt.cmd)
 			b.scratch.Put(bt)
 		}
-		want := 0
-		for _, pt := range sc.parts {
-			want += replyLen(pt.n, sc.alt)
-		}
-		if err == nil && len(v) != want {
-			err = fmt.Errorf("reply has %d bytes, want %d", len(v), want)
-		}
-		for _, pt := range sc.parts {
-			if err != nil {
-				pt.call.err = err
-				continue
-			}
-			k := replyLen(pt.n, sc.alt)
-			pt.call.reply, v = v[:k], v[k:]
-		}
+		splitReply(v, err, sc.alt, sc.parts)
 	}
 	for _, j := range live {
 		c.deliver(j, nil)
