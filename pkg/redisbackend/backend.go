@@ -505,7 +505,7 @@ func (b *Backend) call(ctx context.Context, reqs []limiter.Request, idx []int, r
 func (b *Backend) runCheck(ctx context.Context, bt *batch, keys, argv []string, flags any) *redis.StringCmd {
 	if b.functions.Load() {
 		loads := b.loads.Load()
-		cmd := b.sendCheck(ctx, bt, "fcall", b.scripts.checkFn, keys, argv, flags)
+		cmd := b.sendScript(ctx, bt, "fcall", b.scripts.checkFn, keys, argv, flags)
 		err := cmd.Err()
 		if err == nil || (!isFunctionMissing(err) && !isUnsupported(err)) {
 			return cmd
@@ -513,7 +513,7 @@ func (b *Backend) runCheck(ctx context.Context, bt *batch, keys, argv []string, 
 		if isFunctionMissing(err) {
 			lerr := b.loadLibrary(ctx, loads)
 			if lerr == nil {
-				return b.sendCheck(ctx, bt, "fcall", b.scripts.checkFn, keys, argv, flags)
+				return b.sendScript(ctx, bt, "fcall", b.scripts.checkFn, keys, argv, flags)
 			}
 			if !isUnsupported(lerr) {
 				cmd.SetErr(fmt.Errorf("load the function library: %w", lerr))
@@ -522,16 +522,17 @@ func (b *Backend) runCheck(ctx context.Context, bt *batch, keys, argv []string, 
 		}
 		b.functions.Store(false)
 	}
-	cmd := b.sendCheck(ctx, bt, "evalsha", b.scripts.checkSHA, keys, argv, flags)
+	cmd := b.sendScript(ctx, bt, "evalsha", b.scripts.checkSHA, keys, argv, flags)
 	if isNoScript(cmd.Err()) {
-		cmd = b.sendCheck(ctx, bt, "eval", b.scripts.checkSrc, keys, argv, flags)
+		cmd = b.sendScript(ctx, bt, "eval", b.scripts.checkSrc, keys, argv, flags)
 	}
 	return cmd
 }
 
-// sendCheck sends "<verb> <script> <numkeys> <keys> <flags> <argv>", its
-// arguments built in bt.cmd (appendCheckArgs).
-func (b *Backend) sendCheck(ctx context.Context, bt *batch, verb string, script any, keys, argv []string, flags any) *redis.StringCmd {
+// sendScript sends "<verb> <script> <numkeys> <keys> <flags> <argv>", its
+// arguments built in bt.cmd (appendCheckArgs), on bt's connection if it has
+// one, never to be resent (noRetry). flags is the script's ARGV[1].
+func (b *Backend) sendScript(ctx context.Context, bt *batch, verb string, script any, keys, argv []string, flags any) *redis.StringCmd {
 	args := appendCheckArgs(bt.cmd[:0], verb, script, keys, argv, flags)
 	bt.cmd = args
 	cmd := redis.NewStringCmd(ctx, args...)

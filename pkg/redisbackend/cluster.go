@@ -8,7 +8,6 @@ import (
 	"sync"
 
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
-	"github.com/redis/go-redis/v9"
 )
 
 // slotCall is the part of a Cluster batch that lives in one hash slot.
@@ -118,10 +117,11 @@ func (b *Backend) groupBySlot(reqs []limiter.Request) []*slotCall {
 }
 
 // refund gives back the hits consumed by the slot call c: those of every
-// admitted request with hits > 0.
+// admitted request with hits > 0. refund.lua is never resent by go-redis
+// (sendScript): a refund that ran twice would take back twice the hits and
+// let later Checks past the limit.
 func (b *Backend) refund(ctx context.Context, reqs []limiter.Request, c *slotCall, results []limiter.Result) error {
-	var keys []string
-	args := []any{strconv.FormatInt(c.now, 10)}
+	var keys, specs []string
 	var sb strings.Builder
 	for _, i := range c.idx {
 		r := &reqs[i]
@@ -137,33 +137,21 @@ func (b *Backend) refund(ctx context.Context, reqs []limiter.Request, c *slotCal
 		sb.WriteString(strconv.FormatUint(r.Limit.Requests, 10))
 		sb.WriteByte(' ')
 		sb.WriteString(strconv.FormatUint(r.Hits, 10))
-		args = append(args, sb.String())
+		specs = append(specs, sb.String())
 	}
 	if len(keys) == 0 {
 		return nil
 	}
-	cmd := b.runRefund(ctx, "evalsha", b.scripts.refund.Hash(), keys, args)
+	bt := b.scratch.Get().(*batch)
+	defer b.scratch.Put(bt)
+	defer clear(bt.cmd)
+	now := strconv.FormatInt(c.now, 10) // ARGV[1]
+	cmd := b.sendScript(ctx, bt, "evalsha", b.scripts.refund.Hash(), keys, specs, now)
 	if isNoScript(cmd.Err()) {
-		cmd = b.runRefund(ctx, "eval", b.scripts.refundSrc, keys, args)
+		cmd = b.sendScript(ctx, bt, "eval", b.scripts.refundSrc, keys, specs, now)
 	}
 	if err := cmd.Err(); err != nil {
 		return unavailable(ctx, "refund script", err)
 	}
 	return nil
-}
-
-// runRefund sends "<verb> <script> <numkeys> <keys> <args>" for refund.lua,
-// never resent by go-redis (see noRetry): a refund that ran twice would take
-// back twice the hits and let later Checks past the limit.
-func (b *Backend) runRefund(ctx context.Context, verb, script string, keys []string, args []any) *redis.StringCmd {
-	a := make([]any, 0, 3+len(keys)+len(args))
-	a = append(a, verb, script, len(keys))
-	for _, k := range keys {
-		a = append(a, k)
-	}
-	a = append(a, args...)
-	cmd := redis.NewStringCmd(ctx, a...)
-	cmd.SetFirstKeyPos(3)
-	_ = b.client.Process(ctx, noRetry{cmd})
-	return cmd
 }
