@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -132,60 +130,19 @@ func TestClusterCoalescingIsExact(t *testing.T) {
 	for _, senders := range []int{0, 1, -1} {
 		backends = append(backends, newClusteredSenders(t, c, DefaultKeyPrefix, clock, senders))
 	}
-	const limit, goroutines, each = 700, 48, 20
+	const limit = 700
 	for _, alg := range []limiter.Algorithm{limiter.SlidingWindow, limiter.FixedWindow, limiter.TokenBucket, limiter.SlidingLog} {
 		t.Run(alg.String(), func(t *testing.T) {
 			shared := limiter.Limit{Algorithm: alg, Requests: limit, Window: time.Hour}
 			roomy := limiter.Limit{Algorithm: alg, Requests: 1 << 20, Window: time.Hour}
 			ks := keysOnDistinctMasters(t, c, shared, 2)
 			reqs := []limiter.Request{{Key: ks[0], Limit: shared, Hits: 1}, {Key: ks[1], Limit: roomy, Hits: 1}}
-			before := make([]CallStats, len(backends))
-			for i, b := range backends {
-				before[i] = b.CallStats()
-			}
 			m := c.MasterForKey(baseKey(DefaultKeyPrefix, reqs[0]))
-			if err := m.Client().ClientPause(context.Background(), 200*time.Millisecond).Err(); err != nil {
-				t.Fatalf("CLIENT PAUSE: %v", err)
-			}
-			var admitted atomic.Int64
-			var wg sync.WaitGroup
-			for _, b := range backends {
-				for range goroutines {
-					wg.Go(func() {
-						res := make([]limiter.Result, len(reqs))
-						for range each {
-							if err := b.Check(context.Background(), reqs, res); err != nil {
-								t.Errorf("Check: %v", err)
-								return
-							}
-							if res[0].Allowed {
-								admitted.Add(1)
-							}
-						}
-					})
+			coalescedExact(t, backends, reqs, limit, 2, func() {
+				if err := m.Client().ClientPause(context.Background(), 200*time.Millisecond).Err(); err != nil {
+					t.Fatalf("CLIENT PAUSE: %v", err)
 				}
-			}
-			wg.Wait()
-			if got := admitted.Load(); got != limit {
-				t.Errorf("admitted %d of %d under a limit of %d", got, len(backends)*goroutines*each, limit)
-			}
-			for i, b := range backends {
-				st := b.CallStats()
-				checks, calls := st.Checks-before[i].Checks, st.Calls-before[i].Calls
-				if checks != goroutines*each {
-					t.Errorf("instance %d: %d Checks counted, want %d", i, checks, goroutines*each)
-				}
-				if b.co == nil && calls != 2*checks {
-					t.Errorf("instance %d (not coalescing): %d calls for %d Checks of 2 slots", i, calls, checks)
-				}
-				if b.co != nil && calls >= 2*checks {
-					t.Errorf("instance %d (coalescing): %d calls for %d Checks of 2 slots", i, calls, checks)
-				}
-				if n := b.RefundErrors(); n != 0 {
-					t.Errorf("instance %d: %d refunds failed", i, n)
-				}
-				t.Logf("instance %d: %d Checks in %d calls", i, checks, calls)
-			}
+			})
 			if got := used(t, backends[0], reqs[1]); got != limit {
 				t.Errorf("the second counter keeps %d hits, want %d (the admitted Checks')", got, limit)
 			}

@@ -41,54 +41,14 @@ func TestCoalescingIsExact(t *testing.T) {
 		t.Cleanup(func() { b.Close() })
 		backends = append(backends, b)
 	}
-	const limit, goroutines, each = 700, 48, 20
+	const limit = 700
 	for _, alg := range []limiter.Algorithm{limiter.SlidingWindow, limiter.FixedWindow, limiter.TokenBucket, limiter.SlidingLog} {
 		t.Run(alg.String(), func(t *testing.T) {
-			before := make([]CallStats, len(backends))
-			for i, b := range backends {
-				before[i] = b.CallStats()
-			}
 			reqs := []limiter.Request{
 				{Key: key(t.Name(), "shared"), Limit: limiter.Limit{Algorithm: alg, Requests: limit, Window: time.Hour}, Hits: 1},
 				{Key: key(t.Name(), "roomy"), Limit: limiter.Limit{Algorithm: alg, Requests: 1 << 20, Window: time.Hour}, Hits: 1},
 			}
-			pauseRedis(t, r, 200*time.Millisecond)
-			var admitted atomic.Int64
-			var wg sync.WaitGroup
-			for _, b := range backends {
-				for range goroutines {
-					wg.Go(func() {
-						res := make([]limiter.Result, len(reqs))
-						for range each {
-							if err := b.Check(context.Background(), reqs, res); err != nil {
-								t.Errorf("Check: %v", err)
-								return
-							}
-							if res[0].Allowed {
-								admitted.Add(1)
-							}
-						}
-					})
-				}
-			}
-			wg.Wait()
-			if got := admitted.Load(); got != limit {
-				t.Errorf("admitted %d of %d under a limit of %d", got, len(backends)*goroutines*each, limit)
-			}
-			for i, b := range backends {
-				st := b.CallStats()
-				checks, calls := st.Checks-before[i].Checks, st.Calls-before[i].Calls
-				if checks != goroutines*each {
-					t.Errorf("instance %d: %d Checks counted, want %d", i, checks, goroutines*each)
-				}
-				if b.co == nil && calls != checks {
-					t.Errorf("instance %d (not coalescing): %d calls for %d Checks", i, calls, checks)
-				}
-				if b.co != nil && calls >= checks {
-					t.Errorf("instance %d (coalescing): %d calls for %d Checks", i, calls, checks)
-				}
-				t.Logf("instance %d: %d Checks in %d calls", i, checks, calls)
-			}
+			coalescedExact(t, backends, reqs, limit, 1, func() { pauseRedis(t, r, 200*time.Millisecond) })
 			// All or nothing: the roomy counter was consumed by the
 			// admitted batches only.
 			if got := used(t, backends[0], reqs[1]); got != limit {
@@ -171,5 +131,60 @@ func TestCoalescerClose(t *testing.T) {
 	}
 	if err := b.Check(context.Background(), req, make([]limiter.Result, 1)); !errors.Is(err, limiter.ErrUnavailable) {
 		t.Errorf("Check after Close = %v, want ErrUnavailable", err)
+	}
+}
+
+// coalescedExact is the load of TestCoalescingIsExact: 48 goroutines on each
+// of backends send 20 Checks of reqs each, all started right after pause
+// (which holds Redis so that they queue). Exactly limit are admitted on
+// reqs[0]; each instance counted its Checks and, with slots calls per Check
+// (the hash slots they span), decided them in exactly that many calls per
+// Check without coalescing and in fewer with it, and no refund failed.
+func coalescedExact(t *testing.T, backends []*Backend, reqs []limiter.Request, limit int64, slots uint64, pause func()) {
+	t.Helper()
+	const goroutines, each = 48, 20
+	before := make([]CallStats, len(backends))
+	for i, b := range backends {
+		before[i] = b.CallStats()
+	}
+	pause()
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for _, b := range backends {
+		for range goroutines {
+			wg.Go(func() {
+				res := make([]limiter.Result, len(reqs))
+				for range each {
+					if err := b.Check(context.Background(), reqs, res); err != nil {
+						t.Errorf("Check: %v", err)
+						return
+					}
+					if res[0].Allowed {
+						admitted.Add(1)
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	if got := admitted.Load(); got != limit {
+		t.Errorf("admitted %d of %d under a limit of %d", got, len(backends)*goroutines*each, limit)
+	}
+	for i, b := range backends {
+		st := b.CallStats()
+		checks, calls := st.Checks-before[i].Checks, st.Calls-before[i].Calls
+		if checks != goroutines*each {
+			t.Errorf("instance %d: %d Checks counted, want %d", i, checks, goroutines*each)
+		}
+		if b.co == nil && calls != slots*checks {
+			t.Errorf("instance %d (not coalescing): %d calls for %d Checks of %d slots", i, calls, checks, slots)
+		}
+		if b.co != nil && calls >= slots*checks {
+			t.Errorf("instance %d (coalescing): %d calls for %d Checks of %d slots", i, calls, checks, slots)
+		}
+		if n := b.RefundErrors(); n != 0 {
+			t.Errorf("instance %d: %d refunds failed", i, n)
+		}
+		t.Logf("instance %d: %d Checks in %d calls", i, checks, calls)
 	}
 }

@@ -275,6 +275,24 @@ func TestStalledConnection(t *testing.T) {
 	}
 }
 
+// newRetrying returns a Backend through p on a client that retries a
+// command up to 3 times after a network error (NewFromClient), with
+// coalescing off (Senders -1) so that every call takes a pooled connection,
+// where a retry would take a fresh one. Both close when the test ends.
+func newRetrying(t *testing.T, p *stallProxy) *Backend {
+	t.Helper()
+	client := redis.NewClient(&redis.Options{
+		Addr: p.addr(), Protocol: 2, MaxRetries: 3,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+	})
+	t.Cleanup(func() { client.Close() })
+	b, err := NewFromClient(client, Options{Timeout: testTimeout, Senders: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 // TestLostReplyNotResent: a check whose reply is lost after Redis ran it is
 // not sent again, even by a client configured to retry (NewFromClient with
 // MaxRetries 3; a Cluster client resends after a connection error whatever
@@ -283,17 +301,7 @@ func TestStalledConnection(t *testing.T) {
 func TestLostReplyNotResent(t *testing.T) {
 	r := testenv.RedisServer(t)
 	p := newStallProxy(t, r.Addr)
-	client := redis.NewClient(&redis.Options{
-		Addr: p.addr(), Protocol: 2, MaxRetries: 3,
-		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
-	})
-	t.Cleanup(func() { client.Close() })
-	// Senders -1: every Check on the client's pool, where a retry would
-	// take a fresh connection.
-	b, err := NewFromClient(client, Options{KeyPrefix: "lost:", Timeout: testTimeout, Senders: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := newRetrying(t, p)
 	limit := limiter.Limit{Requests: 1000, Window: time.Hour}
 	warm := []limiter.Request{{Key: key("warm-up"), Limit: limit, Hits: 1}}
 	if err := b.Check(context.Background(), warm, make([]limiter.Result, 1)); err != nil { // loads the library
@@ -301,7 +309,7 @@ func TestLostReplyNotResent(t *testing.T) {
 	}
 	req := []limiter.Request{{Key: key("lost"), Limit: limit, Hits: 1}}
 	p.armLoss()
-	err = b.Check(context.Background(), req, make([]limiter.Result, 1))
+	err := b.Check(context.Background(), req, make([]limiter.Result, 1))
 	<-p.lost
 	if !errors.Is(err, limiter.ErrUnavailable) {
 		t.Errorf("Check whose reply was lost = %v, want ErrUnavailable (not resent)", err)
@@ -319,15 +327,7 @@ func TestLostReplyNotResent(t *testing.T) {
 func TestLostRefundNotResent(t *testing.T) {
 	r := testenv.RedisServer(t)
 	p := newStallProxy(t, r.Addr)
-	client := redis.NewClient(&redis.Options{
-		Addr: p.addr(), Protocol: 2, MaxRetries: 3,
-		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
-	})
-	t.Cleanup(func() { client.Close() })
-	b, err := NewFromClient(client, Options{KeyPrefix: "lostrefund:", Timeout: testTimeout, Senders: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := newRetrying(t, p)
 	ctx := context.Background()
 	if err := b.scripts.refund.Load(ctx, r.Client()).Err(); err != nil { // so that EVALSHA runs it
 		t.Fatal(err)
@@ -336,14 +336,14 @@ func TestLostRefundNotResent(t *testing.T) {
 	results := make([]limiter.Result, 1)
 	var c slotCall
 	for range 5 {
-		c.now, c.committed, err = b.call(ctx, reqs, nil, results, nil)
-		if err != nil || !c.committed || !results[0].Allowed {
-			t.Fatalf("check: err %v, committed %v, %+v", err, c.committed, results[0])
+		c.now, c.committed, c.err = b.call(ctx, reqs, nil, results, nil)
+		if c.err != nil || !c.committed || !results[0].Allowed {
+			t.Fatalf("check: err %v, committed %v, %+v", c.err, c.committed, results[0])
 		}
 	}
 	c.idx = []int{0}
 	p.armLoss()
-	err = b.refund(ctx, reqs, &c, results)
+	err := b.refund(ctx, reqs, &c, results)
 	<-p.lost
 	if !errors.Is(err, limiter.ErrUnavailable) {
 		t.Errorf("refund whose reply was lost = %v, want ErrUnavailable (not resent)", err)
