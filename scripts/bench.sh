@@ -11,6 +11,8 @@
 #   100k keys     one descriptor over 100,000 keys (remote_address)
 #   3 desc        three descriptors per request, one limit each: IP,
 #                 tenant+user, route; 100,000 indexes
+#   3 desc fixed  the same, counted in fixed windows (envoyproxy/ratelimit's
+#                 algorithm; the others count in sliding windows)
 #   4 limits      three descriptors where the middle one (plan+user) has two
 #                 limits (a token bucket and an hourly window): 4 limits
 #   hot key       one key whose tiny limit is exhausted: the OVER_LIMIT path
@@ -48,7 +50,8 @@
 #   BENCH_OPEN_CALLERS  bound on in-flight requests in the open-loop run (default 64)
 #   BENCH_CONNECTIONS   gRPC connections of the generator (default 4)
 #   BENCH_SCENARIOS  which to run, space-separated, from
-#                    "ceiling one-key many-keys three-desc four-limits hot-key open-loop"
+#                    "ceiling one-key many-keys three-desc three-desc-fixed four-limits
+#                    hot-key open-loop"
 #                    (default all); "ceiling" alone needs neither Redis nor envoy-rls
 #   BENCH_OUT        also write the JSON results (one object per run) to this file
 #   BENCH_RLS_ARGS   extra envoy-rls flags, e.g. "--redis.senders -1" (word-split)
@@ -62,6 +65,21 @@
 #   BENCH_SERVER_HISTOGRAM  the envoy-rls histogram behind "server p50/p99 ms"
 #                    (default envoy_rls_request_duration_seconds;
 #                    envoy_rls_store_duration_seconds shows the wait for Redis)
+#   BENCH_INCUMBENT  "1": also measure github.com/envoyproxy/ratelimit, side by
+#                    side on the same Redis, with the same limits file
+#                    (testdata/bench/bench.yaml, loaded unchanged by both):
+#                    rows "ratelimit: ..." for every scenario it can express
+#                    (all but "4 limits"). It is built once with `go install`
+#                    at BENCH_INCUMBENT_VERSION into .tools/incumbent (from
+#                    the Go module proxy). A path instead of "1" runs that
+#                    binary. On its rows "rls µs/req" is its CPU, and there
+#                    is no server latency (it exports no latency histogram).
+#   BENCH_INCUMBENT_VERSION  the module version built for BENCH_INCUMBENT=1
+#                    (default the newest commit on the proxy when this was
+#                    written)
+#   BENCH_INCUMBENT_ENV  extra environment of the incumbent (word-split),
+#                    e.g. "REDIS_PIPELINE_WINDOW=150us REDIS_PIPELINE_LIMIT=8"
+#                    (its explicit pipelining, off by default)
 #
 # Needs: go, redis-server in PATH (`make test` installs it, or
 # scripts/install-deps.sh). Nothing else (no curl, no redis-cli, no jq).
@@ -81,12 +99,16 @@ BENCH_CALLERS="${BENCH_CALLERS:-16 64}"
 BENCH_RATE="${BENCH_RATE:-3000}"
 BENCH_OPEN_CALLERS="${BENCH_OPEN_CALLERS:-64}"
 BENCH_CONNECTIONS="${BENCH_CONNECTIONS:-4}"
-BENCH_SCENARIOS="${BENCH_SCENARIOS:-ceiling one-key many-keys three-desc four-limits hot-key open-loop}"
+SCENARIOS="ceiling one-key many-keys three-desc three-desc-fixed four-limits hot-key open-loop"
+BENCH_SCENARIOS="${BENCH_SCENARIOS:-$SCENARIOS}"
 BENCH_OUT="${BENCH_OUT:-}"
 BENCH_RLS_ARGS="${BENCH_RLS_ARGS:-}"
 BENCH_RLS_ENV="${BENCH_RLS_ENV:-}"
 BENCH_SERVER_HISTOGRAM="${BENCH_SERVER_HISTOGRAM:-envoy_rls_request_duration_seconds}"
 BENCH_REDIS="${BENCH_REDIS:-single}"
+BENCH_INCUMBENT="${BENCH_INCUMBENT:-}"
+BENCH_INCUMBENT_VERSION="${BENCH_INCUMBENT_VERSION:-v1.4.1-0.20260122083618-3fb702589d36}"
+BENCH_INCUMBENT_ENV="${BENCH_INCUMBENT_ENV:-}"
 case "$BENCH_REDIS" in
 single | cluster) ;;
 *)
@@ -100,8 +122,11 @@ log() { printf 'bench: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
 
 want() { [[ " $BENCH_SCENARIOS " == *" $1 "* ]]; }
+for s in $BENCH_SCENARIOS; do
+	[[ " $SCENARIOS " == *" $s "* ]] || die "BENCH_SCENARIOS: unknown scenario \"$s\" (known: $SCENARIOS)"
+done
 needs_rls=0
-for s in one-key many-keys three-desc four-limits hot-key open-loop; do
+for s in ${SCENARIOS#ceiling }; do
 	if want "$s"; then needs_rls=1; fi
 done
 
@@ -213,6 +238,25 @@ if [ "$needs_rls" = 1 ]; then
 			die "redis-cli not found in PATH (BENCH_REDIS=cluster): run \`make test\` (it installs redis-tools) or scripts/install-deps.sh"
 	fi
 fi
+INC_BIN=""
+case "$BENCH_INCUMBENT" in
+"" | 0) ;;
+1)
+	INC_BIN="$ROOT/.tools/incumbent/$BENCH_INCUMBENT_VERSION/service_cmd"
+	if [ ! -x "$INC_BIN" ]; then
+		log "building github.com/envoyproxy/ratelimit@$BENCH_INCUMBENT_VERSION (once, into .tools/incumbent)"
+		GOBIN="$(dirname "$INC_BIN")" go install "github.com/envoyproxy/ratelimit/src/service_cmd@$BENCH_INCUMBENT_VERSION" ||
+			die "building envoyproxy/ratelimit failed"
+	fi
+	;;
+*)
+	INC_BIN="$BENCH_INCUMBENT"
+	[ -x "$INC_BIN" ] || die "BENCH_INCUMBENT=$BENCH_INCUMBENT: want 1 or the path of an envoyproxy/ratelimit binary"
+	;;
+esac
+if [ -n "$INC_BIN" ] && [ "$needs_rls" = 0 ]; then
+	die "BENCH_INCUMBENT: BENCH_SCENARIOS=\"$BENCH_SCENARIOS\" has no scenario that runs on Redis"
+fi
 
 # --- servers -------------------------------------------------------------------
 start_noop() {
@@ -284,7 +328,7 @@ if [ "$needs_rls" = 1 ]; then
 	fi
 
 	mkdir -p "$TMP/config"
-	cp "$ROOT/testdata/bench/bench.yaml" "$TMP/config/bench.yaml"
+	cp "$ROOT"/testdata/bench/*.yaml "$TMP/config/"
 	start_rls() {
 		RLS_GRPC="$(free_port)"
 		RLS_HTTP="$(free_port)"
@@ -306,6 +350,39 @@ if [ "$needs_rls" = 1 ]; then
 	log "redis ($BENCH_REDIS) ${REDIS_FLAG[*]}, envoy-rls pid $RLS_PID on :$RLS_GRPC (http :$RLS_HTTP), do-nothing pid $NOOP_PID on :$NOOP_PORT"
 fi
 
+if [ -n "$INC_BIN" ]; then
+	# envoyproxy/ratelimit reads $RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/config/*.yaml:
+	# bench.yaml alone, as it is. Its settings are its defaults except the
+	# ports, Redis over TCP, no statsd to send to, and its local cache of
+	# over-limit keys (1 MiB) for the hot key.
+	mkdir -p "$TMP/incumbent/ratelimit/config"
+	cp "$ROOT/testdata/bench/bench.yaml" "$TMP/incumbent/ratelimit/config/"
+	if [ "$BENCH_REDIS" = cluster ]; then
+		INC_REDIS=(REDIS_TYPE=CLUSTER "REDIS_URL=$(
+			IFS=,
+			echo "${MASTERS[*]}"
+		)")
+	else
+		INC_REDIS=(REDIS_TYPE=SINGLE "REDIS_URL=127.0.0.1:$REDIS_PORT")
+	fi
+	start_incumbent() {
+		INC_GRPC="$(free_port)"
+		INC_HTTP="$(free_port)"
+		INC_DEBUG="$(free_port)"
+		env USE_STATSD=false LOG_LEVEL=warn \
+			RUNTIME_ROOT="$TMP/incumbent" RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_WATCH_ROOT=false \
+			REDIS_SOCKET_TYPE=tcp "${INC_REDIS[@]}" LOCAL_CACHE_SIZE_IN_BYTES=1048576 \
+			GRPC_HOST=127.0.0.1 GRPC_PORT="$INC_GRPC" HOST=127.0.0.1 PORT="$INC_HTTP" \
+			DEBUG_HOST=127.0.0.1 DEBUG_PORT="$INC_DEBUG" \
+			$BENCH_INCUMBENT_ENV "$INC_BIN" >"$TMP/incumbent.log" 2>&1 &
+		INC_PID=$!
+		LAUNCHED_PID=$INC_PID
+	}
+	incumbent_ready() { http_ok "$INC_HTTP" /healthcheck; }
+	launch "envoyproxy/ratelimit" "$TMP/incumbent.log" start_incumbent incumbent_ready
+	log "envoyproxy/ratelimit ($BENCH_INCUMBENT_VERSION) pid $INC_PID on :$INC_GRPC (http :$INC_HTTP)"
+fi
+
 # --- runs ----------------------------------------------------------------------
 RESULTS="$TMP/results.jsonl"
 : >"$RESULTS"
@@ -322,9 +399,25 @@ bench() {
 	fi
 }
 
+# rls LABEL ARGS...: one run against envoy-rls and, with BENCH_INCUMBENT,
+# the same run against envoyproxy/ratelimit ("ratelimit: LABEL") right after.
 rls() {
-	bench "$@" --addr "127.0.0.1:$RLS_GRPC" --domain bench --cpu "rls=$RLS_PID" "${REDIS_CPU[@]}" \
+	bench "$@" --addr "127.0.0.1:$RLS_GRPC" --cpu "rls=$RLS_PID" "${REDIS_CPU[@]}" \
 		--server-metrics "http://127.0.0.1:$RLS_HTTP/metrics" --server-histogram "$BENCH_SERVER_HISTOGRAM"
+	if [ -n "$INC_BIN" ]; then
+		local label="$1"
+		shift
+		bench "ratelimit: $label" "$@" --addr "127.0.0.1:$INC_GRPC" --cpu "rls=$INC_PID" "${REDIS_CPU[@]}"
+	fi
+}
+
+# rls_only LABEL ARGS...: one run against envoy-rls alone (what the incumbent
+# cannot express).
+rls_only() {
+	local inc="$INC_BIN"
+	INC_BIN=""
+	rls "$@"
+	INC_BIN="$inc"
 }
 
 THREE=(--descriptor 'remote_address=10.{i}' --descriptor 'tenant=t{i%100},user=u{i}' --descriptor 'route=/api/r{i%20}')
@@ -337,25 +430,28 @@ for round in $(seq 1 "$BENCH_REPEAT"); do
 				--descriptor 'remote_address=10.{i}' --cpu "rls=$NOOP_PID"
 		fi
 		if want one-key; then
-			rls "1 key" --concurrency "$c" --descriptor 'remote_address=10.0.0.1'
+			rls "1 key" --domain bench --concurrency "$c" --descriptor 'remote_address=10.0.0.1'
 		fi
 		if want many-keys; then
-			rls "100k keys" --concurrency "$c" --descriptor 'remote_address=10.{i}' --cardinality 100000
+			rls "100k keys" --domain bench --concurrency "$c" --descriptor 'remote_address=10.{i}' --cardinality 100000
 		fi
 		if want three-desc; then
-			rls "3 desc, 100k" --concurrency "$c" "${THREE[@]}" --cardinality 100000
+			rls "3 desc, 100k" --domain bench --concurrency "$c" "${THREE[@]}" --cardinality 100000
+		fi
+		if want three-desc-fixed; then
+			rls_only "3 desc fixed, 100k" --domain bench_fixed --concurrency "$c" "${THREE[@]}" --cardinality 100000
 		fi
 		if want four-limits; then
-			rls "4 limits, 100k" --concurrency "$c" "${FOUR[@]}" --cardinality 100000
+			rls_only "4 limits, 100k" --domain bench4 --concurrency "$c" "${FOUR[@]}" --cardinality 100000
 		fi
 		if want hot-key; then
-			rls "hot key (over)" --concurrency "$c" --descriptor 'hot=1'
+			rls "hot key (over)" --domain bench --concurrency "$c" --descriptor 'hot=1'
 		fi
 	done
 	if want open-loop; then
 		bench "do-nothing, open" --addr "127.0.0.1:$NOOP_PORT" --rate "$BENCH_RATE" --concurrency "$BENCH_OPEN_CALLERS" \
 			"${THREE[@]}" --cardinality 100000 --cpu "rls=$NOOP_PID"
-		rls "open loop, 3 desc" --rate "$BENCH_RATE" --concurrency "$BENCH_OPEN_CALLERS" "${THREE[@]}" --cardinality 100000
+		rls "open loop, 3 desc" --domain bench --rate "$BENCH_RATE" --concurrency "$BENCH_OPEN_CALLERS" "${THREE[@]}" --cardinality 100000
 	fi
 done
 
@@ -364,5 +460,11 @@ if [ -n "$BENCH_OUT" ]; then
 fi
 echo
 load="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')"
-echo "envoy-rls bench: $(nproc 2>/dev/null || echo '?') CPUs (load average at the end: $load), Redis: $BENCH_REDIS, medians of ${BENCH_REPEAT} rounds of ${BENCH_DURATION} measured after ${BENCH_WARMUP} warm-up, ${BENCH_CONNECTIONS} connections; latencies in ms"
+incumbent=""
+if [ "$BENCH_INCUMBENT" = 1 ]; then
+	incumbent=", envoyproxy/ratelimit $BENCH_INCUMBENT_VERSION"
+elif [ -n "$INC_BIN" ]; then
+	incumbent=", envoyproxy/ratelimit $INC_BIN"
+fi
+echo "envoy-rls bench: $(nproc 2>/dev/null || echo '?') CPUs (load average at the end: $load), Redis: $BENCH_REDIS$incumbent, medians of ${BENCH_REPEAT} rounds of ${BENCH_DURATION} measured after ${BENCH_WARMUP} warm-up, ${BENCH_CONNECTIONS} connections; latencies in ms"
 "$BIN/rls-bench" report --median "$RESULTS"

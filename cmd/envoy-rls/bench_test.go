@@ -60,17 +60,17 @@ func BenchmarkShouldRateLimitRedis(b *testing.B) {
 	// Requests over 100,000 indexes, built before the clock runs.
 	const n = 100_000
 	shapes := []struct {
-		name  string
-		descs func(i int) []*commonrl.RateLimitDescriptor
+		name, domain string
+		descs        func(i int) []*commonrl.RateLimitDescriptor
 	}{
-		{"1desc", func(i int) []*commonrl.RateLimitDescriptor {
+		{"1desc", "bench", func(i int) []*commonrl.RateLimitDescriptor {
 			return []*commonrl.RateLimitDescriptor{desc("remote_address", "10."+strconv.Itoa(i))}
 		}},
-		{"3desc", func(i int) []*commonrl.RateLimitDescriptor {
+		{"3desc", "bench", func(i int) []*commonrl.RateLimitDescriptor {
 			return []*commonrl.RateLimitDescriptor{desc("remote_address", "10."+strconv.Itoa(i)),
 				desc("tenant", "t"+strconv.Itoa(i%100), "user", "u"+strconv.Itoa(i)), desc("route", "/api/r"+strconv.Itoa(i%20))}
 		}},
-		{"4limits", func(i int) []*commonrl.RateLimitDescriptor {
+		{"4limits", "bench4", func(i int) []*commonrl.RateLimitDescriptor {
 			return []*commonrl.RateLimitDescriptor{desc("remote_address", "10."+strconv.Itoa(i)),
 				desc("plan", "p"+strconv.Itoa(i%10), "user", "u"+strconv.Itoa(i)), desc("route", "/api/r"+strconv.Itoa(i%20))}
 		}},
@@ -78,7 +78,7 @@ func BenchmarkShouldRateLimitRedis(b *testing.B) {
 	for _, shape := range shapes {
 		reqs := make([]*rlsv3.RateLimitRequest, n)
 		for i := range reqs {
-			reqs[i] = &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: shape.descs(i)}
+			reqs[i] = &rlsv3.RateLimitRequest{Domain: shape.domain, Descriptors: shape.descs(i)}
 		}
 		call := func(b *testing.B, i int) {
 			resp, err := svc.ShouldRateLimit(context.Background(), reqs[i%n])
@@ -122,13 +122,15 @@ func BenchmarkShouldRateLimitRedis(b *testing.B) {
 	}
 }
 
-// TestBenchConfigLoads: the limits `make bench` serves load.
+// TestBenchConfigLoads: the limits `make bench` serves load, both domains.
 func TestBenchConfigLoads(t *testing.T) {
 	w, err := descriptors.NewWatcher(descriptors.WatcherOptions{Dir: benchConfigDir, Interval: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !w.Current().HasDomain("bench") {
-		t.Error("testdata/bench has no domain bench")
+	for _, d := range []string{"bench", "bench4", "bench_fixed"} {
+		if !w.Current().HasDomain(d) {
+			t.Errorf("testdata/bench has no domain %s", d)
+		}
 	}
 }
