@@ -146,6 +146,7 @@ func parseLoad(args []string, stderr io.Writer) (loadConfig, error) {
 	fs.StringVar(&srvMetrics, "server-metrics", "", "URL of the target's Prometheus metrics (e.g. http://127.0.0.1:8080/metrics): report the target's own p50/p99 over the measured phase from --server-histogram")
 	fs.StringVar(&srvHist, "server-histogram", "envoy_rls_request_duration_seconds", "with --server-metrics: the target's latency histogram (in seconds; its series are added together)")
 	fs.Uint64Var(&o.Seed, "seed", 0, "seed of the random indexes (0: random)")
+	fs.BoolVar(&o.FullDecode, "full-decode", false, "decode every response whole, as a generated client does (default: read only its overall_code, so that the generator's CPU does not grow with what the server answers)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage:\n  rls-bench --addr host:port [flags]\n  rls-bench serve-noop [--addr :8089]\n  rls-bench report [results.jsonl ...]\n\nFlags:\n")
 		fs.PrintDefaults()

@@ -75,6 +75,10 @@ type Options struct {
 	Server *ServerHistogram
 	// Seed makes the index sequence reproducible; 0 picks a random seed.
 	Seed uint64
+	// FullDecode decodes every response whole, as a generated client does.
+	// By default only its overall_code is read (see overallCode): the rest
+	// is checked to be well-formed and skipped.
+	FullDecode bool
 	// Now is the clock (monotonic readings are used for intervals).
 	// Default time.Now.
 	Now func() time.Time
@@ -141,7 +145,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
-	clients, closeAll, err := dial(ctx, o)
+	cs, closeAll, err := dial(ctx, o)
 	if err != nil {
 		return nil, fmt.Errorf("bench %s: %w", o.Label, err)
 	}
@@ -150,7 +154,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if o.Warmup > 0 {
 		wo := o
 		wo.Requests, wo.Duration = 0, o.Warmup
-		if _, err := phase(ctx, wo, clients, 1); err != nil {
+		if _, err := phase(ctx, wo, cs, 1); err != nil {
 			return nil, fmt.Errorf("bench %s: warm-up: %w", o.Label, err)
 		}
 	}
@@ -169,7 +173,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bench %s: %w", o.Label, err)
 	}
-	m, err := phase(ctx, o, clients, 2)
+	m, err := phase(ctx, o, cs, 2)
 	if err != nil {
 		return nil, fmt.Errorf("bench %s: %w", o.Label, err)
 	}
@@ -190,29 +194,41 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	return r, nil
 }
 
+// conns are a run's connections to the target, and how responses are
+// decoded.
+type conns struct {
+	cc     []*grpc.ClientConn
+	decode []grpc.CallOption // with the code-only codec unless FullDecode
+}
+
 // dial opens o.Connections client connections and waits until each is
 // ready, so connection set-up is not part of the measurement.
-func dial(ctx context.Context, o Options) ([]rlsv3.RateLimitServiceClient, func(), error) {
-	var conns []*grpc.ClientConn
+func dial(ctx context.Context, o Options) (*conns, func(), error) {
+	cs := &conns{}
 	closeAll := func() {
-		for _, c := range conns {
+		for _, c := range cs.cc {
 			c.Close()
 		}
 	}
+	if !o.FullDecode {
+		codec, err := newCodeCodec()
+		if err != nil {
+			return nil, nil, err
+		}
+		cs.decode = []grpc.CallOption{grpc.ForceCodecV2(codec)}
+	}
 	cctx, cancel := context.WithTimeout(ctx, o.ConnectTimeout)
 	defer cancel()
-	clients := make([]rlsv3.RateLimitServiceClient, 0, o.Connections)
 	for range o.Connections {
 		cc, err := grpc.NewClient(o.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			closeAll()
 			return nil, nil, fmt.Errorf("connect to %s: %w", o.Addr, err)
 		}
-		conns = append(conns, cc)
-		clients = append(clients, rlsv3.NewRateLimitServiceClient(cc))
+		cs.cc = append(cs.cc, cc)
 		cc.Connect()
 	}
-	for _, cc := range conns {
+	for _, cc := range cs.cc {
 		for st := cc.GetState(); st != connectivity.Ready; st = cc.GetState() {
 			if !cc.WaitForStateChange(cctx, st) {
 				closeAll()
@@ -220,7 +236,7 @@ func dial(ctx context.Context, o Options) ([]rlsv3.RateLimitServiceClient, func(
 			}
 		}
 	}
-	return clients, closeAll, nil
+	return cs, closeAll, nil
 }
 
 // measurement is what one phase observed, merged over all callers.
@@ -253,23 +269,24 @@ func (t *tally) merge(o *tally) {
 // since a call has finished marshalling it when it returns), its index
 // source and its tally.
 type caller struct {
-	o       *Options
-	clients []rlsv3.RateLimitServiceClient
-	next    int // round-robin position over clients
-	rng     *rand.Rand
-	req     *rlsv3.RateLimitRequest
-	varies  bool
-	buf     []byte
+	o      *Options
+	conns  *conns
+	next   int // round-robin position over conns.cc
+	rng    *rand.Rand
+	req    *rlsv3.RateLimitRequest
+	varies bool
+	buf    []byte
+	resp   overallCode // the answer, unless FullDecode
 	tally
 }
 
-func newCaller(o *Options, clients []rlsv3.RateLimitServiceClient, id int, stream uint64) *caller {
+func newCaller(o *Options, cs *conns, id int, stream uint64) *caller {
 	c := &caller{
-		o:       o,
-		clients: clients,
-		next:    id % len(clients),
-		rng:     rand.New(rand.NewPCG(o.Seed, stream<<32|uint64(id))),
-		req:     &rlsv3.RateLimitRequest{Domain: o.Domain, HitsAddend: o.Hits},
+		o:     o,
+		conns: cs,
+		next:  id % len(cs.cc),
+		rng:   rand.New(rand.NewPCG(o.Seed, stream<<32|uint64(id))),
+		req:   &rlsv3.RateLimitRequest{Domain: o.Domain, HitsAddend: o.Hits},
 	}
 	for _, t := range o.Descriptors {
 		d := &ratelimitv3.RateLimitDescriptor{}
@@ -301,21 +318,32 @@ func (c *caller) call(ctx context.Context, start time.Time) {
 	if c.varies && c.o.Cardinality > 1 {
 		c.fill(c.rng.Int64N(c.o.Cardinality))
 	}
-	cl := c.clients[c.next]
-	c.next = (c.next + 1) % len(c.clients)
+	cc := c.conns.cc[c.next]
+	c.next = (c.next + 1) % len(c.conns.cc)
 	cctx, cancel := context.WithDeadline(ctx, start.Add(c.o.Timeout))
-	resp, err := cl.ShouldRateLimit(cctx, c.req)
+	var (
+		code rlsv3.RateLimitResponse_Code
+		err  error
+	)
+	if c.o.FullDecode {
+		resp := new(rlsv3.RateLimitResponse)
+		err = cc.Invoke(cctx, rlsv3.RateLimitService_ShouldRateLimit_FullMethodName, c.req, resp)
+		code = resp.GetOverallCode()
+	} else {
+		err = cc.Invoke(cctx, rlsv3.RateLimitService_ShouldRateLimit_FullMethodName, c.req, &c.resp, c.conns.decode...)
+		code = c.resp.code
+	}
 	cancel()
 	c.hist.RecordDuration(c.o.Now().Sub(start))
 	switch {
 	case err != nil:
 		c.countErr(status.Code(err).String())
-	case resp.GetOverallCode() == rlsv3.RateLimitResponse_OK:
+	case code == rlsv3.RateLimitResponse_OK:
 		c.ok++
-	case resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT:
+	case code == rlsv3.RateLimitResponse_OVER_LIMIT:
 		c.overLimit++
 	default:
-		c.countErr("overall_code=" + resp.GetOverallCode().String())
+		c.countErr("overall_code=" + code.String())
 	}
 }
 
@@ -328,10 +356,10 @@ func (c *caller) countErr(kind string) {
 
 // phase runs one phase with o's load and returns what it measured. stream
 // separates the index sequences of the phases.
-func phase(ctx context.Context, o Options, clients []rlsv3.RateLimitServiceClient, stream uint64) (measurement, error) {
+func phase(ctx context.Context, o Options, cs *conns, stream uint64) (measurement, error) {
 	callers := make([]*caller, o.Concurrency)
 	for id := range callers {
-		callers[id] = newCaller(&o, clients, id, stream)
+		callers[id] = newCaller(&o, cs, id, stream)
 	}
 	var (
 		m     measurement

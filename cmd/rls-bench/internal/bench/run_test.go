@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strconv"
 	"strings"
@@ -111,7 +112,7 @@ func (j *judgeServer) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitReq
 		j.odd++
 		code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	return &rlsv3.RateLimitResponse{OverallCode: code}, nil
+	return richResponse(code), nil
 }
 
 func startJudge(t *testing.T) (*judgeServer, string) {
@@ -134,9 +135,20 @@ func startJudge(t *testing.T) (*judgeServer, string) {
 	return j, lis.Addr().String()
 }
 
+// TestRunSendsTemplatesAndClassifies checks the requests and the counts,
+// with responses read for their overall_code alone (the default) and
+// decoded whole (FullDecode). The judge's responses carry every kind of
+// field, so the code-only reader has to skip them all.
 func TestRunSendsTemplatesAndClassifies(t *testing.T) {
+	for _, full := range []bool{false, true} {
+		t.Run(fmt.Sprintf("full-decode=%v", full), func(t *testing.T) { testRunSendsTemplatesAndClassifies(t, full) })
+	}
+}
+
+func testRunSendsTemplatesAndClassifies(t *testing.T, full bool) {
 	j, addr := startJudge(t)
 	res, err := Run(context.Background(), Options{
+		FullDecode:  full,
 		Addr:        addr,
 		Concurrency: 5,
 		Requests:    400,
