@@ -78,8 +78,10 @@
 #                    (default the newest commit on the proxy when this was
 #                    written)
 #   BENCH_INCUMBENT_ENV  extra environment of the incumbent (word-split),
-#                    e.g. "REDIS_PIPELINE_WINDOW=150us REDIS_PIPELINE_LIMIT=8"
-#                    (its explicit pipelining, off by default)
+#                    e.g. "REDIS_POOL_SIZE=20" (default 10). Its
+#                    REDIS_PIPELINE_WINDOW applies to a Cluster only in the
+#                    default version (radix v4 pipelines concurrent commands
+#                    on a single node by itself).
 #
 # Needs: go, redis-server in PATH (`make test` installs it, or
 # scripts/install-deps.sh). Nothing else (no curl, no redis-cli, no jq).
@@ -380,7 +382,7 @@ if [ -n "$INC_BIN" ]; then
 	}
 	incumbent_ready() { http_ok "$INC_HTTP" /healthcheck; }
 	launch "envoyproxy/ratelimit" "$TMP/incumbent.log" start_incumbent incumbent_ready
-	log "envoyproxy/ratelimit ($BENCH_INCUMBENT_VERSION) pid $INC_PID on :$INC_GRPC (http :$INC_HTTP)"
+	log "envoyproxy/ratelimit ($INC_BIN) pid $INC_PID on :$INC_GRPC (http :$INC_HTTP)"
 fi
 
 # --- runs ----------------------------------------------------------------------

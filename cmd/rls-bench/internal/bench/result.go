@@ -22,6 +22,7 @@ type Result struct {
 	Connections int              `json:"connections"`
 	Descriptors int              `json:"descriptors"`               // descriptors per request
 	Cardinality int64            `json:"cardinality"`               // distinct indexes
+	FullDecode  bool             `json:"full_decode,omitempty"`     // responses decoded whole (Options.FullDecode)
 	Rate        float64          `json:"rate,omitempty"`            // open loop: intended requests per second
 	Scheduled   int64            `json:"scheduled,omitempty"`       // open loop: requests scheduled
 	Requests    int64            `json:"requests"`                  // calls completed (OK + OVER_LIMIT + errors)
@@ -77,6 +78,7 @@ func newResult(o Options, m measurement, before, after []time.Duration) *Result 
 		Connections: o.Connections,
 		Descriptors: len(o.Descriptors),
 		Cardinality: o.Cardinality,
+		FullDecode:  o.FullDecode,
 		Requests:    int64(m.hist.Count()),
 		ElapsedS:    m.elapsed.Seconds(),
 		P50:         ms(m.hist.Quantile(0.50)),
@@ -152,7 +154,7 @@ func FillCeilings(rs []*Result) {
 }
 
 // Medians combines repeated runs of the same load (label, target, mode,
-// callers and rate) into one result each, in the order each load first
+// callers, rate and decoding) into one result each, in the order each load first
 // appears: every rate, latency and CPU figure is the median of the runs
 // (the mean of the two middle ones for an even count), the counts are
 // summed, and Runs is the number of runs. A load run once is kept as it is.
@@ -162,11 +164,12 @@ func Medians(rs []*Result) []*Result {
 		label, target, mode string
 		callers             int
 		rate                float64
+		fullDecode          bool
 	}
 	var order []key
 	groups := map[key][]*Result{}
 	for _, r := range rs {
-		k := key{r.Label, r.Target, r.Mode, r.Callers, r.Rate}
+		k := key{r.Label, r.Target, r.Mode, r.Callers, r.Rate, r.FullDecode}
 		if _, ok := groups[k]; !ok {
 			order = append(order, k)
 		}

@@ -160,7 +160,9 @@ func TestMedians(t *testing.T) {
 		run("ceiling", 16, 21000, 2, 31, 100),
 		run("a", 16, 8000, 7, 100, 30),
 		run("a", 64, 12000, 20, 50, 1), // another load, run once
+		run("a", 16, 9500, 4, 70, 5),   // the same load decoded whole
 	}
+	in[len(in)-1].FullDecode = true
 	in[0].Ceiling, in[2].Ceiling, in[4].Ceiling = true, true, true
 	for i, p99 := range map[int]float64{1: 0.5, 3: 0.9, 5: 0.7} {
 		in[i].Server = &ServerLatency{Requests: in[i].OK, P50: p99 / 2, P90: p99 / 2, P99: p99}
@@ -169,10 +171,13 @@ func TestMedians(t *testing.T) {
 	// quantiles: it must not count as a zero latency.
 	in[2].Server = &ServerLatency{}
 	got := Medians(in)
-	if len(got) != 3 {
-		t.Fatalf("%d results, want 3 (ceiling, a@16, a@64): %+v", len(got), got)
+	if len(got) != 4 {
+		t.Fatalf("%d results, want 4 (ceiling, a@16, a@64, a@16 decoded whole): %+v", len(got), got)
 	}
 	c, a, once := got[0], got[1], got[2]
+	if full := got[3]; !full.FullDecode || full.Runs != 0 || full.RPS != 9500 || a.FullDecode {
+		t.Errorf("runs decoded whole were mixed with the others: %+v and %+v", a, full)
+	}
 	if c.Label != "ceiling" || !c.Ceiling || c.Runs != 3 || c.RPS != 21000 || c.P99 != 2 || c.OK != 300 {
 		t.Errorf("ceiling median = %+v", c)
 	}

@@ -167,6 +167,9 @@ func testRunSendsTemplatesAndClassifies(t *testing.T, full bool) {
 	if len(j.bad) > 0 {
 		t.Fatalf("%d malformed requests, first: %s", len(j.bad), j.bad[0])
 	}
+	if res.FullDecode != full {
+		t.Errorf("result says full_decode=%v, the run had %v", res.FullDecode, full)
+	}
 	if j.calls != 400 || j.domains["bench"] != 400 || j.hits[3] != 400 {
 		t.Errorf("server saw calls=%d domains=%v hits=%v, want 400 calls in domain bench with hits_addend 3", j.calls, j.domains, j.hits)
 	}
