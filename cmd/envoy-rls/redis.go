@@ -19,6 +19,9 @@ import (
 // an in-process fallback and the heartbeat loop that learns how many
 // instances share the limits.
 func openRedisStore(ctx context.Context, o storeOptions, log *slog.Logger, m *metrics.Metrics) (*store, error) {
+	if o.redisSpareAfter < 0 {
+		return nil, fmt.Errorf("--redis.spare-after %v is negative", o.redisSpareAfter)
+	}
 	ro := redisbackend.Options{
 		URL:            o.redisURL,
 		ClusterAddrs:   o.redisClusterAddrs,
@@ -29,6 +32,7 @@ func openRedisStore(ctx context.Context, o storeOptions, log *slog.Logger, m *me
 		PoolSize:       o.redisPoolSize,
 		Senders:        o.redisSenders,
 		MaxBatch:       o.redisMaxBatch,
+		SpareAfter:     o.redisSpareAfter,
 		KeyPrefix:      o.redisKeyPrefix,
 		Timeout:        o.redisTimeout,
 
@@ -69,7 +73,7 @@ func openRedisStore(ctx context.Context, o storeOptions, log *slog.Logger, m *me
 	}
 	if err := m.RedisCalls(func() metrics.RedisCallStats {
 		st := rb.CallStats()
-		return metrics.RedisCallStats{Checks: st.Checks, Calls: st.Calls}
+		return metrics.RedisCallStats{Checks: st.Checks, Calls: st.Calls, SpareCalls: st.SpareCalls}
 	}); err != nil {
 		return nil, err
 	}

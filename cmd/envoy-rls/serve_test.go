@@ -313,3 +313,16 @@ func TestGCPercent(t *testing.T) {
 		})
 	}
 }
+
+func TestServeRejectsNegativeSpareAfter(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "ok.yaml"), "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	o := serveOptions{configDir: dir, headers: "ietf", grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0"}
+	o.store.redisURL = "redis://127.0.0.1:1" // refused before any connection
+	o.store.redisSpareAfter = -time.Millisecond
+	err := serve(context.Background(), o, log, nil, nil)
+	if err == nil || !strings.Contains(err.Error(), "--redis.spare-after") {
+		t.Fatalf("serve with --redis.spare-after -1ms: %v, want an error naming the flag", err)
+	}
+}

@@ -28,6 +28,7 @@ type storeOptions struct {
 	redisPoolSize       int
 	redisSenders        int
 	redisMaxBatch       int
+	redisSpareAfter     time.Duration
 	redisKeyPrefix      string
 	redisTimeout        time.Duration
 	redisFunctions      bool
@@ -52,6 +53,7 @@ func (o *storeOptions) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.redisPoolSize, "redis.pool-size", 0, "connections per Redis node (0: 10 per CPU)")
 	fs.IntVar(&o.redisSenders, "redis.senders", redisbackend.DefaultSenders, "coalesced calls in flight at once: requests that arrive while that many are in flight go together in the next one, each still decided atomically (single node and Sentinel: one script call; each of these calls keeps a connection, so it must be below --redis.pool-size; Cluster: one pipeline of the requests' per-slot calls); -1 sends every request as a call of its own (one per hash slot on a Cluster)")
 	fs.IntVar(&o.redisMaxBatch, "redis.max-batch", redisbackend.DefaultMaxBatch, "most limits one coalesced call decides (a larger request is sent alone)")
+	fs.DurationVar(&o.redisSpareAfter, "redis.spare-after", 0, "how long every coalesced call in flight must have taken before another of the --redis.senders slots starts one (e.g. 1ms): while Redis answers sooner, one call at a time carries every waiting request, which spares Redis CPU, and a stalled call holds the requests behind it up for no longer than this; 0 lets every slot start a call at once, for the shortest tail")
 	fs.StringVar(&o.redisKeyPrefix, "redis.key-prefix", "rls:", "prefix of every Redis key")
 	fs.DurationVar(&o.redisTimeout, "redis.timeout", 25*time.Millisecond, "upper bound of one Redis call, kept well under Envoy's rate-limit timeout so a slow Redis becomes a failure_mode answer in time; the incoming gRPC deadline (minus 5ms) may shorten it")
 	fs.BoolVar(&o.redisFunctions, "redis.functions", true, "run the check as a Redis Function (FCALL, Redis >= 7.0; loaded with FUNCTION LOAD on first use); servers without Functions or whose ACL forbids them are detected and served with EVALSHA; false always uses EVALSHA")

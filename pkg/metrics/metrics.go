@@ -217,7 +217,7 @@ func (m *Metrics) DenyCache(stats func() DenyCacheStats) error {
 
 // RedisCallStats are the Redis backend's counters at one instant.
 type RedisCallStats struct {
-	Checks, Calls uint64
+	Checks, Calls, SpareCalls uint64
 }
 
 // RedisCalls exports the Redis backend's counters of checks and script
@@ -232,6 +232,10 @@ func (m *Metrics) RedisCalls(stats func() RedisCallStats) error {
 			Name: "envoy_rls_redis_calls_total",
 			Help: "Check script calls sent to Redis: one per request without coalescing (one per hash slot on a Cluster); with coalescing (--redis.senders) one call carries the requests that arrived while the others were in flight, and checks_total/calls_total is the average number per call.",
 		}, func() float64 { return float64(stats().Calls) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "envoy_rls_redis_spare_calls_total",
+			Help: "Coalesced calls started while another was in flight. With --redis.spare-after, only once every call in flight had taken that long: a sign of slow or stalled Redis calls; at 0, every call that overlapped another.",
+		}, func() float64 { return float64(stats().SpareCalls) }),
 	)
 }
 

@@ -134,7 +134,7 @@ func newBackend(c redis.UniversalClient, opts Options) (*Backend, error) {
 		if maxBatch == 0 {
 			maxBatch = DefaultMaxBatch
 		}
-		b.co = newCoalescer(b, senders, maxBatch)
+		b.co = newCoalescer(b, senders, maxBatch, max(opts.SpareAfter, 0))
 	}
 	return b, nil
 }
@@ -210,12 +210,19 @@ type CallStats struct {
 	// check script calls that decided them: one per Check without
 	// coalescing (one per hash slot in Cluster mode), fewer with it.
 	Checks, Calls uint64
+	// SpareCalls is the number of coalesced calls a spare slot started
+	// while another slot's call was in flight (see Options.SpareAfter).
+	SpareCalls uint64
 }
 
 // CallStats returns the counters of checks and calls. Checks/Calls is the
 // average number of Checks a coalesced call carried.
 func (b *Backend) CallStats() CallStats {
-	return CallStats{Checks: b.checks.Load(), Calls: b.calls.Load()}
+	st := CallStats{Checks: b.checks.Load(), Calls: b.calls.Load()}
+	if b.co != nil {
+		st.SpareCalls = b.co.spares.Load()
+	}
+	return st
 }
 
 // Check implements limiter.Limiter. See the package documentation for the
@@ -451,6 +458,9 @@ type batch struct {
 	conn  *redis.Conn
 	jobs  []*job // the jobs of a coalesced call
 	parts []part // and their groups' calls
+	// start is when a coalescing slot was lent out, zero while it is
+	// idle (under coalescer.mu).
+	start time.Time
 }
 
 // closeConn closes bt's own connection, if any.

@@ -52,6 +52,22 @@ import (
 // takes a fresh one for the next call, so that a broken connection or a
 // demoted master is left behind.
 //
+// Spare slots: every slot but the first is a spare, which starts a call
+// only when each call in flight has taken at least Options.SpareAfter (or no
+// call is in flight). While Redis answers quickly one call is in flight at a
+// time, and it carries every Check that arrived meanwhile: Redis pays its
+// per-call costs and envoy-rls its system calls for fewer calls. When a call
+// stalls (a lost packet waits 200 ms or more for TCP to resend it), the Checks
+// behind it wait no longer than SpareAfter before a spare carries them; a
+// timer (the coalescer's spare) lends a spare to the oldest queued Check then.
+// A slot whose call ends goes back idle rather than lead the next call while
+// another slot's call is younger than SpareAfter, so that the calls fall back
+// to one at a time once Redis is quick again. A SpareAfter of zero (the
+// default) makes every slot start a call at once, as many at a time as there
+// are slots: one call at a time carries more Checks and spares Redis CPU, but
+// a Check that arrives during a call waits for its end, which lengthens the
+// tail at a moderate rate (measured in the README's Redis section).
+//
 // Deadlines: a Check's deadline is its context's or Options.Timeout from
 // its start, whichever is sooner, and a call is bounded by the earliest
 // deadline of its groups, so that nobody waits past their own; no context is
@@ -122,24 +138,39 @@ type coalescer struct {
 	// *redis.Client) means calls use the client's pool.
 	conns    *redis.Client
 	maxBatch int
-	pool     sync.Pool // *job
+	// spareAfter is how long the calls in flight must have taken before
+	// another slot starts one (0: at once).
+	spareAfter time.Duration
+	pool       sync.Pool // *job
+	// spares counts the calls started while another slot's call was in
+	// flight.
+	spares atomic.Uint64
 
 	mu     sync.Mutex
 	queue  []*job   // waiting for a call, oldest first
 	idle   []*batch // slots not lent out
+	slots  []*batch // every slot; a lent one has its start set
 	closed bool
+	// spare lends an idle slot to the oldest queued job once the calls in
+	// flight have taken spareAfter (see spareAt); armed while it is set
+	// to fire.
+	spare      *time.Timer
+	spareArmed bool
 	// lent counts the slots out of idle (in a call, or lent to a caller
 	// who has not woken yet); close waits for them to come back.
 	lent sync.WaitGroup
 }
 
-func newCoalescer(b *Backend, senders, maxBatch int) *coalescer {
+func newCoalescer(b *Backend, senders, maxBatch int, spareAfter time.Duration) *coalescer {
 	conns, _ := b.client.(*redis.Client)
-	c := &coalescer{b: b, conns: conns, maxBatch: maxBatch}
+	c := &coalescer{b: b, conns: conns, maxBatch: maxBatch, spareAfter: spareAfter}
 	c.pool.New = func() any { return &job{done: make(chan struct{}, 1)} }
 	for range senders {
 		c.idle = append(c.idle, new(batch))
 	}
+	c.slots = slices.Clone(c.idle)
+	c.spare = time.AfterFunc(time.Hour, c.lendSpare)
+	c.spare.Stop()
 	return c
 }
 
@@ -150,6 +181,7 @@ func (c *coalescer) close(grace time.Duration) bool {
 	c.mu.Lock()
 	if !c.closed {
 		c.closed = true
+		c.spare.Stop()
 		for _, bt := range c.idle {
 			bt.closeConn()
 		}
@@ -196,15 +228,21 @@ func (c *coalescer) check(ctx context.Context, deadline time.Time, reqs []limite
 		c.put(j)
 		return fmt.Errorf("%w: %w", limiter.ErrUnavailable, errClosed)
 	}
-	if n := len(c.idle); n > 0 {
-		// A slot is idle, so nothing is queued: send j now.
-		bt := c.idle[n-1]
-		c.idle = c.idle[:n-1]
-		c.lent.Add(1)
+	now := time.Now()
+	switch bt := c.takeIdle(now); {
+	case bt != nil && len(c.queue) == 0:
 		c.lead(bt, j)
-	} else {
+	case bt != nil:
+		// A spare opens for Checks that queued behind a stalled call: it
+		// goes to the oldest, and j queues behind them.
 		j.queued = true
 		c.queue = append(c.queue, j)
+		c.lendHead(bt)
+		c.mu.Unlock()
+	default:
+		j.queued = true
+		c.queue = append(c.queue, j)
+		c.armSpare(now)
 		c.mu.Unlock()
 	}
 	for {
@@ -318,7 +356,7 @@ func (b *Backend) finish(ctx context.Context, deadline time.Time, reqs []limiter
 func (c *coalescer) takeLead(ctx context.Context, bt *batch, j *job) bool {
 	c.mu.Lock()
 	if ctx.Err() != nil {
-		c.pass(bt)
+		c.pass(bt, time.Now())
 		c.mu.Unlock()
 		c.put(j)
 		return false
@@ -336,7 +374,7 @@ func (c *coalescer) withdraw(j *job) bool {
 	if bt := j.lead; bt != nil {
 		j.lead = nil
 		<-j.done // the loan's signal, sent under mu
-		c.pass(bt)
+		c.pass(bt, time.Now())
 	} else if j.queued {
 		c.queue = slices.DeleteFunc(c.queue, func(q *job) bool { return q == j })
 		j.queued = false
@@ -377,29 +415,113 @@ func (c *coalescer) lead(bt *batch, first *job) {
 	bt.jobs = jobs
 	c.send(bt, jobs)
 	clear(bt.jobs)
+	now := time.Now()
 	c.mu.Lock()
-	c.pass(bt)
+	c.pass(bt, now)
 	c.mu.Unlock()
 }
 
-// pass lends slot bt to the oldest queued job, whose caller wakes to lead
-// the next call, or puts it back among the idle ones. It is called with
-// c.mu held.
-func (c *coalescer) pass(bt *batch) {
+// pass lends slot bt, out of the idle ones, to the oldest queued job, whose
+// caller wakes to lead the next call, unless another slot's call is younger
+// than spareAfter at now: then, or when nothing is queued, bt goes back
+// among the idle ones. It is called with c.mu held.
+func (c *coalescer) pass(bt *batch, now time.Time) {
+	bt.start = time.Time{}
 	switch {
 	case c.closed:
 		bt.closeConn()
 		c.lent.Done()
-	case len(c.queue) > 0:
-		q := c.queue[0]
-		c.dequeue(1)
-		q.queued = false
-		q.lead = bt
-		q.done <- struct{}{}
+	case len(c.queue) > 0 && !now.Before(c.spareAt()):
+		c.start(bt, now)
+		c.lendHead(bt)
 	default:
 		c.idle = append(c.idle, bt)
 		c.lent.Done()
+		c.armSpare(now)
 	}
+}
+
+// lendHead lends slot bt, lent out, to the oldest queued job, whose caller
+// wakes to lead the next call. It is called with c.mu held.
+func (c *coalescer) lendHead(bt *batch) {
+	q := c.queue[0]
+	c.dequeue(1)
+	q.queued = false
+	q.lead = bt
+	q.done <- struct{}{}
+}
+
+// spareAt returns the instant from which another slot may start a call:
+// when the youngest call in flight will have taken spareAfter (zero when no
+// slot is lent or spareAfter is 0). It is called with c.mu held.
+func (c *coalescer) spareAt() time.Time {
+	var at time.Time
+	if c.spareAfter == 0 {
+		return at
+	}
+	for _, bt := range c.slots {
+		if !bt.start.IsZero() && bt.start.After(at) {
+			at = bt.start
+		}
+	}
+	if at.IsZero() {
+		return at
+	}
+	return at.Add(c.spareAfter)
+}
+
+// start marks slot bt lent at now, counting a spare call when another
+// slot is lent too. It is called with c.mu held.
+func (c *coalescer) start(bt *batch, now time.Time) {
+	for _, o := range c.slots {
+		if o != bt && !o.start.IsZero() {
+			c.spares.Add(1)
+			break
+		}
+	}
+	bt.start = now
+}
+
+// takeIdle takes an idle slot out, lent at now, if one may start a call at
+// now (see spareAt), or returns nil. It is called with c.mu held.
+func (c *coalescer) takeIdle(now time.Time) *batch {
+	n := len(c.idle)
+	if n == 0 || now.Before(c.spareAt()) {
+		return nil
+	}
+	bt := c.idle[n-1]
+	c.idle = c.idle[:n-1]
+	c.lent.Add(1)
+	c.start(bt, now)
+	return bt
+}
+
+// armSpare sets the spare timer to fire when another slot may start a call,
+// if jobs are queued and a slot is idle. It is called with c.mu held.
+func (c *coalescer) armSpare(now time.Time) {
+	if c.spareArmed || c.closed || len(c.queue) == 0 || len(c.idle) == 0 {
+		return
+	}
+	c.spareArmed = true
+	c.spare.Reset(c.spareAt().Sub(now))
+}
+
+// lendSpare, the spare timer's function, lends an idle slot to the oldest
+// queued job if the calls in flight have taken spareAfter, or sets the timer
+// again for when they will have.
+func (c *coalescer) lendSpare() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.spareArmed = false
+	now := time.Now()
+	if len(c.queue) == 0 {
+		return
+	}
+	if bt := c.takeIdle(now); bt != nil {
+		c.lendHead(bt)
+		return
+	}
+	c.armSpare(now)
 }
 
 // dequeue drops the n oldest jobs of the queue. It is called with c.mu

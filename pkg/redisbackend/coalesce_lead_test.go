@@ -14,9 +14,9 @@ import (
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
 )
 
-// slots returns how many Checks are queued and how many sender slots are
+// occupancy returns how many Checks are queued and how many sender slots are
 // idle.
-func (c *coalescer) slots() (queued, idle int) {
+func (c *coalescer) occupancy() (queued, idle int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.queue), len(c.idle)
@@ -66,7 +66,7 @@ func TestCoalescedQueuedCancel(t *testing.T) {
 		go func() { errs <- b.Check(ctx, req, make([]limiter.Result, 1)) }()
 	}
 	if err := waitFor(func() error {
-		if n, _ := b.co.slots(); n != queued {
+		if n, _ := b.co.occupancy(); n != queued {
 			return fmt.Errorf("%d Checks queued, want %d", n, queued)
 		}
 		return nil
@@ -86,7 +86,7 @@ func TestCoalescedQueuedCancel(t *testing.T) {
 	if err := <-held; err != nil {
 		t.Fatalf("the held Check: %v", err)
 	}
-	if n, idle := b.co.slots(); n != 0 || idle != 1 {
+	if n, idle := b.co.occupancy(); n != 0 || idle != 1 {
 		t.Errorf("after every Check returned: %d queued, %d slots idle; want 0 and 1", n, idle)
 	}
 	if got := used(t, b, req[0]); got != 2 {
@@ -144,7 +144,7 @@ func TestCoalescerWithdrawLentSlot(t *testing.T) {
 	if !c.withdraw(j2) {
 		t.Fatal("withdraw of the second job = false, want true")
 	}
-	if n, idle := c.slots(); n != 0 || idle != 1 {
+	if n, idle := c.occupancy(); n != 0 || idle != 1 {
 		t.Fatalf("after both withdrew: %d queued, %d slots idle; want 0 and 1", n, idle)
 	}
 
@@ -172,7 +172,7 @@ func TestCoalescerWithdrawLentSlot(t *testing.T) {
 	if !c.withdraw(j6) {
 		t.Fatal("withdraw of the job lent the declined slot = false, want true")
 	}
-	if n, idle := c.slots(); n != 0 || idle != 1 {
+	if n, idle := c.occupancy(); n != 0 || idle != 1 {
 		t.Fatalf("after the declined loan: %d queued, %d slots idle; want 0 and 1", n, idle)
 	}
 	req := []limiter.Request{{Key: key(t.Name()), Limit: limiter.Limit{Requests: 100, Window: time.Hour}, Hits: 1}}
@@ -268,7 +268,7 @@ func cancelStorm(t *testing.T, b *Backend, reqs []limiter.Request) {
 		})
 	}
 	wg.Wait()
-	if n, idle := b.co.slots(); n != 0 || idle != DefaultSenders {
+	if n, idle := b.co.occupancy(); n != 0 || idle != DefaultSenders {
 		t.Errorf("after the storm: %d queued, %d slots idle; want 0 and %d", n, idle, DefaultSenders)
 	}
 	for i := range reqs {

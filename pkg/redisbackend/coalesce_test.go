@@ -25,16 +25,20 @@ func pauseRedis(t *testing.T, r *testenv.Redis, d time.Duration) {
 	}
 }
 
-// TestCoalescingIsExact: three instances sharing one counter, two of them
-// coalescing and one sending every Check on its own, 48 goroutines each
-// behind a Redis pause, admit exactly the limit; the coalescing instances
-// decided their Checks in fewer calls than Checks.
+// TestCoalescingIsExact: four instances sharing one counter, three of them
+// coalescing (two slots, one slot, two slots with a spare opened after 1 ms)
+// and one sending every Check on its own, 48 goroutines each behind a Redis
+// pause, admit exactly the limit; the coalescing instances decided their
+// Checks in fewer calls than Checks.
 func TestCoalescingIsExact(t *testing.T) {
 	r := testenv.RedisServer(t)
 	clock := func() time.Time { return time.UnixMilli(1_767_225_600_000) }
 	var backends []*Backend
-	for _, senders := range []int{0, 1, -1} {
-		b, err := New(Options{URL: "redis://" + r.Addr, Now: clock, Timeout: testTimeout, Senders: senders})
+	for _, o := range []struct {
+		senders    int
+		spareAfter time.Duration
+	}{{0, 0}, {1, 0}, {2, time.Millisecond}, {-1, 0}} {
+		b, err := New(Options{URL: "redis://" + r.Addr, Now: clock, Timeout: testTimeout, Senders: o.senders, SpareAfter: o.spareAfter})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -83,6 +83,13 @@ type Options struct {
 	// DefaultMaxBatch (flag --redis.max-batch). A Check larger than it is
 	// still sent whole, alone.
 	MaxBatch int
+	// SpareAfter is how long every coalesced call in flight must have
+	// taken before another of the Senders slots starts a call: while Redis
+	// answers sooner, one call at a time carries every queued Check, and a
+	// stalled call holds the Checks behind it up for no longer than this.
+	// 0 (or a negative value) lets every slot start a call at once (flag
+	// --redis.spare-after).
+	SpareAfter time.Duration
 }
 
 // topology is the validated choice among URL, cluster and Sentinel.

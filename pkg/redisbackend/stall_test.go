@@ -234,7 +234,7 @@ func TestStalledConnection(t *testing.T) {
 				queuedDone := make(chan error, 1)
 				go func() { queuedDone <- check(context.Background(), otherReq) }()
 				if err := waitFor(func() error {
-					if n, _ := b.co.slots(); n != 1 {
+					if n, _ := b.co.occupancy(); n != 1 {
 						return fmt.Errorf("%d Checks queued, want 1", n)
 					}
 					return nil
