@@ -172,6 +172,11 @@ func (p *stallProxy) close() {
 // connection breaks, that call fails with limiter.ErrUnavailable and the
 // Backend goes on working.
 //
+// With two slots of which the second is a spare opened after 10 ms
+// (Options.SpareAfter), the same: the first Check that arrives meanwhile
+// waits those 10 ms, then the spare timer lends it the other slot, and the
+// next ones go out on it at once, counted as spare calls.
+//
 // With one slot, a Check that arrives meanwhile queues behind the stalled
 // call; when that call's deadline passes the slot gives up its connection
 // (which stays stalled) and the queued Check is sent on a fresh one and
@@ -184,9 +189,13 @@ func TestStalledConnection(t *testing.T) {
 	r := testenv.RedisServer(t)
 	p := newStallProxy(t, r.Addr)
 	limit := limiter.Limit{Requests: 1000, Window: time.Hour}
-	for _, senders := range []int{2, 1} {
-		t.Run(fmt.Sprintf("senders=%d", senders), func(t *testing.T) {
-			b, err := New(Options{URL: "redis://" + p.addr(), KeyPrefix: fmt.Sprintf("stall%d:", senders), Timeout: testTimeout, Senders: senders})
+	for _, tc := range []struct {
+		senders    int
+		spareAfter time.Duration
+	}{{2, 0}, {2, 10 * time.Millisecond}, {1, 0}} {
+		senders := tc.senders
+		t.Run(fmt.Sprintf("senders=%d spare-after=%v", senders, tc.spareAfter), func(t *testing.T) {
+			b, err := New(Options{URL: "redis://" + p.addr(), KeyPrefix: fmt.Sprintf("stall%d-%d:", senders, tc.spareAfter), Timeout: testTimeout, Senders: senders, SpareAfter: tc.spareAfter})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -225,6 +234,9 @@ func TestStalledConnection(t *testing.T) {
 				case err := <-stalledDone:
 					t.Fatalf("the stalled Check returned (%v) while its connection is stalled", err)
 				default:
+				}
+				if n := b.CallStats().SpareCalls; n < 5 {
+					t.Errorf("%d calls started beside the stalled one, want at least 5", n)
 				}
 				p.cut()
 				if err := <-stalledDone; !errors.Is(err, limiter.ErrUnavailable) {
