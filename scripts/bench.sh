@@ -401,25 +401,22 @@ bench() {
 	fi
 }
 
+# rls_only LABEL ARGS...: one run against envoy-rls alone (what the
+# incumbent cannot express).
+rls_only() {
+	bench "$@" --addr "127.0.0.1:$RLS_GRPC" --cpu "rls=$RLS_PID" "${REDIS_CPU[@]}" \
+		--server-metrics "http://127.0.0.1:$RLS_HTTP/metrics" --server-histogram "$BENCH_SERVER_HISTOGRAM"
+}
+
 # rls LABEL ARGS...: one run against envoy-rls and, with BENCH_INCUMBENT,
 # the same run against envoyproxy/ratelimit ("ratelimit: LABEL") right after.
 rls() {
-	bench "$@" --addr "127.0.0.1:$RLS_GRPC" --cpu "rls=$RLS_PID" "${REDIS_CPU[@]}" \
-		--server-metrics "http://127.0.0.1:$RLS_HTTP/metrics" --server-histogram "$BENCH_SERVER_HISTOGRAM"
+	rls_only "$@"
 	if [ -n "$INC_BIN" ]; then
 		local label="$1"
 		shift
 		bench "ratelimit: $label" "$@" --addr "127.0.0.1:$INC_GRPC" --cpu "rls=$INC_PID" "${REDIS_CPU[@]}"
 	fi
-}
-
-# rls_only LABEL ARGS...: one run against envoy-rls alone (what the incumbent
-# cannot express).
-rls_only() {
-	local inc="$INC_BIN"
-	INC_BIN=""
-	rls "$@"
-	INC_BIN="$inc"
 }
 
 THREE=(--descriptor 'remote_address=10.{i}' --descriptor 'tenant=t{i%100},user=u{i}' --descriptor 'route=/api/r{i%20}')

@@ -259,16 +259,6 @@ descriptors:
 	}
 }
 
-func TestServeRejectsNegativeStreamWorkers(t *testing.T) {
-	dir := t.TempDir()
-	writeFile(t, filepath.Join(dir, "ok.yaml"), "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	err := serve(context.Background(), serveOptions{configDir: dir, headers: "ietf", grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0", grpcWorkers: -1}, log, nil, nil)
-	if err == nil || !strings.Contains(err.Error(), "--grpc.stream-workers") {
-		t.Fatalf("serve with --grpc.stream-workers -1: %v, want an error naming the flag", err)
-	}
-}
-
 // TestGCPercent: --runtime.gc-percent sets GOGC (its default too) unless the
 // GOGC variable is set and the flag was not given; a flag given on the
 // command line or in ENVOY_RLS_RUNTIME_GC_PERCENT wins over GOGC; values
@@ -314,15 +304,28 @@ func TestGCPercent(t *testing.T) {
 	}
 }
 
-func TestServeRejectsNegativeSpareAfter(t *testing.T) {
+// TestServeRejectsNegativeFlags: serve refuses a negative
+// --grpc.stream-workers or --redis.spare-after with the flag's name, before
+// it listens or connects.
+func TestServeRejectsNegativeFlags(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "ok.yaml"), "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	o := serveOptions{configDir: dir, headers: "ietf", grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0"}
-	o.store.redisURL = "redis://127.0.0.1:1" // refused before any connection
-	o.store.redisSpareAfter = -time.Millisecond
-	err := serve(context.Background(), o, log, nil, nil)
-	if err == nil || !strings.Contains(err.Error(), "--redis.spare-after") {
-		t.Fatalf("serve with --redis.spare-after -1ms: %v, want an error naming the flag", err)
+	for _, tc := range []struct {
+		flag string
+		set  func(*serveOptions)
+	}{
+		{"--grpc.stream-workers", func(o *serveOptions) { o.grpcWorkers = -1 }},
+		{"--redis.spare-after", func(o *serveOptions) {
+			o.store.redisURL = "redis://127.0.0.1:1" // refused before any connection
+			o.store.redisSpareAfter = -time.Millisecond
+		}},
+	} {
+		o := serveOptions{configDir: dir, headers: "ietf", grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0"}
+		tc.set(&o)
+		err := serve(context.Background(), o, log, nil, nil)
+		if err == nil || !strings.Contains(err.Error(), tc.flag) {
+			t.Errorf("serve with a negative %s: %v, want an error naming the flag", tc.flag, err)
+		}
 	}
 }

@@ -458,8 +458,9 @@ type batch struct {
 	conn  *redis.Conn
 	jobs  []*job // the jobs of a coalesced call
 	parts []part // and their groups' calls
-	// start is when a coalescing slot was lent out, zero while it is
-	// idle (under coalescer.mu).
+	// start is when a coalescing slot was lent out: zero while it is
+	// idle, and always when the coalescer has no spareAfter (under
+	// coalescer.mu).
 	start time.Time
 }
 

@@ -149,7 +149,7 @@ type coalescer struct {
 	mu     sync.Mutex
 	queue  []*job   // waiting for a call, oldest first
 	idle   []*batch // slots not lent out
-	slots  []*batch // every slot; a lent one has its start set
+	slots  []*batch // every slot; with a spareAfter, a lent one has its start set
 	closed bool
 	// spare lends an idle slot to the oldest queued job once the calls in
 	// flight have taken spareAfter (see spareAt); armed while it is set
@@ -228,7 +228,7 @@ func (c *coalescer) check(ctx context.Context, deadline time.Time, reqs []limite
 		c.put(j)
 		return fmt.Errorf("%w: %w", limiter.ErrUnavailable, errClosed)
 	}
-	now := time.Now()
+	now := c.clock()
 	switch bt := c.takeIdle(now); {
 	case bt != nil && len(c.queue) == 0:
 		c.lead(bt, j)
@@ -289,8 +289,7 @@ func callFailed(ctx context.Context, deadline time.Time, err error) error {
 // consumption when there are several (a slot may have to be refunded).
 func (j *job) encode(b *Backend, reqs []limiter.Request) {
 	if b.cluster == nil {
-		j.one = slotCall{}
-		j.calls = append(j.calls[:0], &j.one)
+		j.calls = append(j.calls[:0], &j.one) // zero: put cleared it
 		if len(j.groups) == 0 {
 			j.groups = make([]group, 1)
 		}
@@ -356,7 +355,7 @@ func (b *Backend) finish(ctx context.Context, deadline time.Time, reqs []limiter
 func (c *coalescer) takeLead(ctx context.Context, bt *batch, j *job) bool {
 	c.mu.Lock()
 	if ctx.Err() != nil {
-		c.pass(bt, time.Now())
+		c.pass(bt, c.clock())
 		c.mu.Unlock()
 		c.put(j)
 		return false
@@ -374,7 +373,7 @@ func (c *coalescer) withdraw(j *job) bool {
 	if bt := j.lead; bt != nil {
 		j.lead = nil
 		<-j.done // the loan's signal, sent under mu
-		c.pass(bt, time.Now())
+		c.pass(bt, c.clock())
 	} else if j.queued {
 		c.queue = slices.DeleteFunc(c.queue, func(q *job) bool { return q == j })
 		j.queued = false
@@ -415,7 +414,7 @@ func (c *coalescer) lead(bt *batch, first *job) {
 	bt.jobs = jobs
 	c.send(bt, jobs)
 	clear(bt.jobs)
-	now := time.Now()
+	now := c.clock()
 	c.mu.Lock()
 	c.pass(bt, now)
 	c.mu.Unlock()
@@ -470,16 +469,23 @@ func (c *coalescer) spareAt() time.Time {
 	return at.Add(c.spareAfter)
 }
 
-// start marks slot bt lent at now, counting a spare call when another
-// slot is lent too. It is called with c.mu held.
+// start marks slot bt, out of the idle ones, lent at now, counting a spare
+// call when another slot is lent too. It is called with c.mu held.
 func (c *coalescer) start(bt *batch, now time.Time) {
-	for _, o := range c.slots {
-		if o != bt && !o.start.IsZero() {
-			c.spares.Add(1)
-			break
-		}
+	if len(c.slots)-len(c.idle) > 1 {
+		c.spares.Add(1)
 	}
 	bt.start = now
+}
+
+// clock returns the time for the spare slots' bookkeeping: the zero time
+// when spareAfter is 0, which needs none (every slot may start a call at
+// any time), so that the default costs no clock reading per Check.
+func (c *coalescer) clock() time.Time {
+	if c.spareAfter == 0 {
+		return time.Time{}
+	}
+	return time.Now()
 }
 
 // takeIdle takes an idle slot out, lent at now, if one may start a call at

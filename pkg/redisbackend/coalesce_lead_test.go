@@ -230,6 +230,7 @@ func TestCoalescerCancelStorm(t *testing.T) {
 }
 
 func cancelStorm(t *testing.T, b *Backend, reqs []limiter.Request) {
+	t.Helper()
 	if err := b.Check(context.Background(), reqs, make([]limiter.Result, len(reqs))); err != nil {
 		t.Fatal(err)
 	}
