@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -39,6 +40,7 @@ type serveOptions struct {
 	reloadInterval time.Duration
 	grpcAddr       string
 	grpcWorkers    int
+	grpcWindow     int
 	httpAddr       string
 	debugAddr      string
 	headers        string
@@ -61,6 +63,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&o.reloadInterval, "config.reload-interval", 5*time.Second, "how often the config folder is checked for changes (SIGHUP reloads at once)")
 	fs.StringVar(&o.grpcAddr, "grpc.addr", ":8081", "gRPC listen address (RateLimitService v3, health, reflection)")
 	fs.IntVar(&o.grpcWorkers, "grpc.stream-workers", 64, "goroutines kept to serve gRPC calls (more concurrent calls get a goroutine each); reusing them spares a goroutine start and stack growth per call; 0 starts one per call")
+	fs.IntVar(&o.grpcWindow, "grpc.conn-window", defaultConnWindow, "fixed HTTP/2 flow-control window of each gRPC connection, in bytes (65535 or more): a fixed window spares the BDP ping grpc-go otherwise sends, and the client answers, for most requests; 0 lets grpc-go size the windows by BDP estimation")
 	fs.StringVar(&o.httpAddr, "http.addr", ":9090", "HTTP listen address (/metrics, /healthz, /readyz)")
 	fs.StringVar(&o.debugAddr, "debug.addr", "127.0.0.1:6070", "debug listen address (pprof, /debug/config, /debug/explain, /debug/top); empty disables it")
 	fs.StringVar(&o.headers, "headers", "ietf", "rate-limit response headers: ietf (RateLimit-Policy, RateLimit), draft03 (X-RateLimit-*), none")
@@ -91,6 +94,14 @@ func parseServeFlags(args []string, stderr io.Writer, lookupEnv func(string) (st
 	fs.Visit(func(f *flag.Flag) { o.gcPercentGiven = o.gcPercentGiven || f.Name == "runtime.gc-percent" })
 	return o, nil
 }
+
+// defaultConnWindow is --grpc.conn-window's default, 1 MiB: a rate-limit
+// request is a few hundred bytes, so the window is replenished once every few
+// thousand requests. With a dynamic window (0) grpc-go estimates the
+// bandwidth-delay product by sending a PING whenever data arrives and no
+// PING is in flight: nearly one per request at a moderate rate, which the
+// client must answer (README, Performance).
+const defaultConnWindow = 1 << 20
 
 // defaultGCPercent is --runtime.gc-percent's default. envoy-rls keeps a few
 // MB live and allocates on every request, so at Go's default GOGC of 100 it
@@ -173,6 +184,11 @@ func serve(ctx context.Context, o serveOptions, log *slog.Logger, hup <-chan os.
 	if o.grpcWorkers < 0 {
 		return usageError{msg: fmt.Sprintf("--grpc.stream-workers %d: must be 0 or more", o.grpcWorkers)}
 	}
+	if o.grpcWindow != 0 && (o.grpcWindow < 65535 || o.grpcWindow > math.MaxInt32) {
+		// grpc-go ignores a window below HTTP/2's initial 65535 bytes
+		// without a word: refuse it instead.
+		return usageError{msg: fmt.Sprintf("--grpc.conn-window %d: must be 0 or from 65535 to %d bytes", o.grpcWindow, math.MaxInt32)}
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m, err := metrics.New(reg)
@@ -215,15 +231,20 @@ func serve(ctx context.Context, o serveOptions, log *slog.Logger, hup <-chan os.
 	dbg.setService(svc)
 
 	s := &server{log: log, watcher: watcher, store: st, reg: reg, health: health.NewServer(), dbg: dbg}
-	s.grpc = grpc.NewServer(
+	grpcOpts := []grpc.ServerOption{
 		// Envoy keeps few long-lived HTTP/2 connections and multiplexes
 		// many small unary calls on them.
-		grpc.MaxConcurrentStreams(1<<16),
+		grpc.MaxConcurrentStreams(1 << 16),
 		grpc.NumStreamWorkers(uint32(o.grpcWorkers)),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.ChainUnaryInterceptor(requestMetrics(m, time.Now)),
-	)
+	}
+	if o.grpcWindow > 0 {
+		// A fixed connection window, and streams at HTTP/2's initial 64 KiB.
+		grpcOpts = append(grpcOpts, grpc.StaticConnWindowSize(int32(o.grpcWindow)))
+	}
+	s.grpc = grpc.NewServer(grpcOpts...)
 	svc.Register(s.grpc)
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)

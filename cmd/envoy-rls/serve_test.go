@@ -304,10 +304,11 @@ func TestGCPercent(t *testing.T) {
 	}
 }
 
-// TestServeRejectsNegativeFlags: serve refuses a negative
-// --grpc.stream-workers or --redis.spare-after with the flag's name, before
-// it listens or connects.
-func TestServeRejectsNegativeFlags(t *testing.T) {
+// TestServeRejectsBadFlags: serve refuses a negative --grpc.stream-workers
+// or --redis.spare-after, and a --grpc.conn-window that is negative or below
+// HTTP/2's 65535 bytes (which grpc-go would ignore), with the flag's name,
+// before it listens or connects.
+func TestServeRejectsBadFlags(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "ok.yaml"), "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -316,6 +317,8 @@ func TestServeRejectsNegativeFlags(t *testing.T) {
 		set  func(*serveOptions)
 	}{
 		{"--grpc.stream-workers", func(o *serveOptions) { o.grpcWorkers = -1 }},
+		{"--grpc.conn-window", func(o *serveOptions) { o.grpcWindow = -1 }},
+		{"--grpc.conn-window", func(o *serveOptions) { o.grpcWindow = 65534 }},
 		{"--redis.spare-after", func(o *serveOptions) {
 			o.store.redisURL = "redis://127.0.0.1:1" // refused before any connection
 			o.store.redisSpareAfter = -time.Millisecond
@@ -325,7 +328,7 @@ func TestServeRejectsNegativeFlags(t *testing.T) {
 		tc.set(&o)
 		err := serve(context.Background(), o, log, nil, nil)
 		if err == nil || !strings.Contains(err.Error(), tc.flag) {
-			t.Errorf("serve with a negative %s: %v, want an error naming the flag", tc.flag, err)
+			t.Errorf("serve with a bad %s: %v, want an error naming the flag", tc.flag, err)
 		}
 	}
 }

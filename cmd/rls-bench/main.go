@@ -137,6 +137,7 @@ func parseLoad(args []string, stderr io.Writer) (loadConfig, error) {
 	fs.UintVar(&hits, "hits", 0, "hits_addend of each request (0: unset, the server counts 1)")
 	fs.DurationVar(&o.Timeout, "timeout", time.Second, "per-request deadline")
 	fs.DurationVar(&o.ConnectTimeout, "connect-timeout", 5*time.Second, "how long to wait for the connections to be ready")
+	fs.IntVar(&o.ConnWindow, "conn-window", 1<<20, "fixed HTTP/2 flow-control window of each connection, in bytes (65535 or more), as Envoy keeps; 0: grpc-go's dynamic windows, whose BDP PINGs (one on most responses) the server must answer")
 	fs.BoolVar(&cfg.json, "json", false, "print one JSON object per run instead of the table")
 	fs.BoolVar(&cfg.selfTest, "self-test", false, "first run the same load against a do-nothing server in this process and report the target as a fraction of it")
 	fs.BoolVar(&cfg.selfTest, "ceiling", false, "alias of --self-test")

@@ -31,6 +31,10 @@ type NoopServer struct {
 	closeOnce sync.Once
 }
 
+// noopConnWindow is the do-nothing server's fixed connection window, envoy-rls's
+// default.
+const noopConnWindow = 1 << 20
+
 // StartNoop listens on addr ("127.0.0.1:0" picks a free loopback port) and
 // serves in a goroutine owned by the returned server until Close.
 func StartNoop(addr string) (*NoopServer, error) {
@@ -38,7 +42,10 @@ func StartNoop(addr string) (*NoopServer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("noop server: listen on %s: %w", addr, err)
 	}
-	s := &NoopServer{srv: grpc.NewServer(), lis: lis, done: make(chan struct{})}
+	// A fixed connection window, as envoy-rls keeps by default
+	// (--grpc.conn-window): without it grpc-go sends a BDP PING on most
+	// requests, and the ceiling would pay a cost envoy-rls does not.
+	s := &NoopServer{srv: grpc.NewServer(grpc.StaticConnWindowSize(noopConnWindow)), lis: lis, done: make(chan struct{})}
 	rlsv3.RegisterRateLimitServiceServer(s.srv, noopService{})
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
