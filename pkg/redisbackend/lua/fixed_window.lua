@@ -11,18 +11,26 @@
 local fixed_window = {string_state = true} -- read with MGET
 
 -- load returns the state stored as v (the key's MGET value, false if absent).
-function fixed_window.load(key, w, now, v)
-  return parse_windowed(v, w, now)
-end
+fixed_window.load = load_windowed
 
 -- decide returns allowed, remaining, reset_ms, retry_ms and, when it admitted
--- and consumed, the new state.
+-- and consumed, the new state. A clock behind the stored bucket decides at
+-- the bucket's start and adds the step to reset and retry (as
+-- sliding_window.decide); idiv is written out (see load_windowed in lib.lua).
 function fixed_window.decide(s, now, w, l, cap, c, consume)
-  local step = behind(s[1], now, w)
-  now = now + step
-  local b = idiv(now, w)
+  local sb, step = s[1], 0
+  if sb * w > now then
+    step = sb * w - now
+    now = sb * w
+  end
+  local b = floor(now / w) -- idiv(now, w)
+  if b * w > now then
+    b = b - 1
+  elseif (b + 1) * w <= now then
+    b = b + 1
+  end
   local n = 0
-  if s[1] == b then
+  if sb == b then
     n = s[2]
   end
   local reset = (b + 1) * w - now
@@ -51,10 +59,9 @@ function fixed_window.decide(s, now, w, l, cap, c, consume)
   return ok, rem, reset, retry
 end
 
--- store writes state s, decided at now, over the stored state o.
-function fixed_window.store(key, w, s, o, now)
-  store_windowed(key, w, s, o, 1, now)
-end
+-- store writes state s, decided at now, over the stored state o; the key
+-- expires when its bucket ends.
+fixed_window.store = windowed_store(1)
 
 -- refund takes back c hits admitted at now (Cluster: another slot denied).
 function fixed_window.refund(key, w, c, l, now)

@@ -111,18 +111,6 @@ local function fmt_int(x)
   return format('%d', x)
 end
 
--- behind returns how far now is before the start of the stored bucket b of
--- a window counter: positive when the clock went back across a bucket edge
--- since the counter was written. The windows then decide at the start of the
--- stored bucket and add the step to reset and retry (pkg/algorithm.behind).
-local function behind(b, now, w)
-  local d = b * w - now
-  if d > 0 then
-    return d
-  end
-  return 0
-end
-
 -- A counter of the windows or a token bucket is stored as three integers,
 -- packed as little-endian 64-bit integers (state_format, 24 bytes): parsing
 -- text with a pattern and tonumber cost about eight times as much as
@@ -141,8 +129,8 @@ local exact = 9007199254740992
 -- ahead_max (ms, 366 days) is how far a stored counter's time (the start of
 -- its bucket, a token bucket's last write) may lie ahead of the clock deciding
 -- on it. Instances' and Redis' clocks disagree by seconds and a clock may step
--- back (both are handled: see behind); a year is no clock error but a value
--- envoy-rls did not write.
+-- back (both are handled: see the windows' decide); a year is no clock error
+-- but a value envoy-rls did not write.
 local ahead_max = 366 * 86400000
 
 -- parse_state returns the state stored as v (false when the key is absent)
@@ -163,13 +151,36 @@ local function parse_state(v, max_x, max_yz)
   return empty_state
 end
 
--- parse_windowed is parse_state for a window counter of window w read at
--- now: its bucket no more than ahead_max ahead of now, and its bucket and
--- counts small enough that (b+2)·W and count·W are exact. (The Go side
--- rejects limits with limit·W >= 2^53, so legitimate counts are far below.)
-local function parse_windowed(v, w, now)
-  local max = floor(exact / w) - 2
-  return parse_state(v, math.min(idiv(now + ahead_max, w), max), max)
+-- load_windowed is the load of the window counters (key, w, now, v): the
+-- state stored as v (the key's MGET value, false if absent), read at now for
+-- a window of w ms. It is parse_state with a window's bounds: the bucket no
+-- more than ahead_max ahead of now, and the bucket and counts small enough
+-- that (b+2)·W and count·W are exact (the Go side rejects limits with
+-- limit·W >= 2^53, so legitimate counts are far below).
+--
+-- It runs for every counter of every call, so parse_state and idiv are
+-- written out in it, as they are in the windows' decide and store: a Lua
+-- function call costs Redis several hundred instructions, more than the
+-- arithmetic it calls (README, Performance).
+local function load_windowed(key, w, now, v)
+  if v and #v == 24 then
+    local x, y, z = unpack_state(state_format, v)
+    local max = floor(exact / w) - 2
+    local t = now + ahead_max
+    local bmax = floor(t / w) -- idiv(t, w)
+    if bmax * w > t then
+      bmax = bmax - 1
+    elseif (bmax + 1) * w <= t then
+      bmax = bmax + 1
+    end
+    if bmax > max then
+      bmax = max
+    end
+    if x >= 0 and y >= 0 and z >= 0 and x <= bmax and y <= max and z <= max then
+      return {x, y, z}
+    end
+  end
+  return empty_state
 end
 
 -- pack_state returns the stored form of state s.
@@ -177,15 +188,20 @@ local function pack_state(s)
   return pack(state_format, s[1], s[2], s[3])
 end
 
--- store_windowed writes the windowed state s = {b, n, n2} to key, to expire
--- lifetime windows after bucket b starts, at (b+lifetime)·W. o is the state
--- as stored: when it is of the same bucket the key exists and already expires
--- then, and keeps its expiry (KEEPTTL is about a third of the cost of PX).
-local function store_windowed(key, w, s, o, lifetime, now)
-  if o[1] == s[1] then
-    rcall('SET', key, pack_state(s), 'KEEPTTL')
-  else
-    rcall('SET', key, pack_state(s), 'PX', px((s[1] + lifetime) * w - now))
+-- windowed_store returns the store of a window counter whose key expires
+-- lifetime windows after its bucket starts, at (b+lifetime)·W:
+-- store(key, w, s, o, now) writes the state s = {b, n, n2} decided at now
+-- over the stored state o. When o is of the same bucket the key exists and
+-- already expires then, and keeps its expiry (KEEPTTL is about a third of
+-- the cost of PX). pack_state and px are written out (see load_windowed).
+local function windowed_store(lifetime)
+  return function(key, w, s, o, now)
+    local b = s[1]
+    if o[1] == b then
+      rcall('SET', key, pack(state_format, b, s[2], s[3]), 'KEEPTTL')
+    else
+      rcall('SET', key, pack(state_format, b, s[2], s[3]), 'PX', format('%d', (b + lifetime) * w - now + ttl_slack))
+    end
   end
 end
 
@@ -198,7 +214,7 @@ local function refund_windowed(key, w, c, now)
   if not v then
     return
   end
-  local s = parse_windowed(v, w, now)
+  local s = load_windowed(key, w, now, v)
   if s[1] == idiv(now, w) then
     redis.call('SET', key, pack_state({s[1], math.max(0, s[2] - c), s[3]}), 'KEEPTTL')
   end

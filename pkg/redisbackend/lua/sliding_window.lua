@@ -61,23 +61,36 @@ local function sw_retry_at(b, cur, prev, now, c, w, l)
 end
 
 -- load returns the state stored as v (the key's MGET value, false if absent).
-function sliding_window.load(key, w, now, v)
-  return parse_windowed(v, w, now)
-end
+sliding_window.load = load_windowed
 
 -- decide returns allowed, remaining, reset_ms, retry_ms and, when it admitted
--- and consumed, the new state.
+-- and consumed, the new state. idiv and sw_weight are written out
+-- (see load_windowed in lib.lua).
 function sliding_window.decide(s, now, w, l, cap, c, consume)
-  local step = behind(s[1], now, w)
-  now = now + step
-  local b = idiv(now, w)
+  local sb, step = s[1], 0
+  if sb * w > now then
+    -- The clock went back across a bucket edge since the counter was
+    -- written: decide at the start of the stored bucket and add the step
+    -- to reset and retry (pkg/algorithm.behind).
+    step = sb * w - now
+    now = sb * w
+  end
+  local b = floor(now / w) -- idiv(now, w)
+  if b * w > now then
+    b = b - 1
+  elseif (b + 1) * w <= now then
+    b = b + 1
+  end
   local cur, prev = 0, 0
-  if s[1] == b then
+  if sb == b then
     cur, prev = s[2], s[3]
-  elseif s[1] == b - 1 then
+  elseif sb == b - 1 then
     prev = s[2]
   end
-  local pw = sw_weight(prev, now - b * w, w)
+  local pw = 0 -- sw_weight(prev, now - b * w, w)
+  if prev ~= 0 then
+    pw = ceil(prev * (w - (now - b * w)) / w)
+  end
   local ok, retry = false, 0
   if c > l then
     retry = w
@@ -102,10 +115,9 @@ function sliding_window.decide(s, now, w, l, cap, c, consume)
   return ok, rem, (b + 1) * w - now + step, retry
 end
 
--- store writes state s, decided at now, over the stored state o.
-function sliding_window.store(key, w, s, o, now)
-  store_windowed(key, w, s, o, 2, now)
-end
+-- store writes state s, decided at now, over the stored state o; the key
+-- expires 2W after its bucket starts.
+sliding_window.store = windowed_store(2)
 
 -- refund takes back c hits admitted at now (Cluster: another slot denied).
 function sliding_window.refund(key, w, c, l, now)
