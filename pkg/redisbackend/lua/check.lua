@@ -148,7 +148,8 @@ while a <= #ARGV do
   -- the group on the same key (the counter's slot: first[i]), and its state
   -- as the groups before left it.
   for i = 1, n do
-    local p = parse_spec(ARGV[a + i])
+    local text = ARGV[a + i]
+    local p = specs[text] or parse_spec(text) -- the cache read here: a call costs more
     if not p then
       return redis.error_reply('ERR envoy-rls check: malformed request spec at ARGV[' .. (a + i) .. ']')
     end
