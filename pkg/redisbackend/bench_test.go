@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"os/exec"
 	"strconv"
 	"testing"
 	"time"
@@ -84,40 +86,10 @@ func BenchmarkCheck(b *testing.B) {
 func BenchmarkCheckBackToBack(b *testing.B) {
 	r := testenv.RedisServer(b)
 	be := newSingle(b, r, DefaultKeyPrefix, nil)
-	ctx := context.Background()
-	lim := limiter.Limit{Requests: 1 << 30, Window: time.Minute}
-	check := func(i int) []limiter.Request {
-		return []limiter.Request{
-			{Key: key("bench", "remote_address", "10."+strconv.Itoa(i)), Limit: lim, Hits: 1},
-			{Key: key("bench", "tenant", "t"+strconv.Itoa(i%100), "user", "u"+strconv.Itoa(i)), Limit: lim, Hits: 1},
-			{Key: key("bench", "route", "/api/r"+strconv.Itoa(i%20)), Limit: lim, Hits: 1},
-		}
-	}
-	res := make([]limiter.Result, 3)
-	if err := be.Check(ctx, check(0), res); err != nil { // loads the library
-		b.Fatal(err)
-	}
-	if !be.UsesFunctions() {
-		b.Fatal("redis-server does not run Functions")
-	}
-	// Each call: FCALL <fn> <numkeys> <keys> "0 0" then per Check "3" and
-	// its three specs, as the coalescer sends it.
 	const perCall, perPipeline, calls = 8, 8, 512
-	rng := rand.New(rand.NewPCG(1, 2))
-	cmds := make([][]any, calls)
-	for c := range cmds {
-		args := []any{"fcall", be.scripts.checkFn, 3 * perCall}
-		argv := []any{"0 0"}
-		for range perCall {
-			reqs := check(rng.IntN(100_000))
-			argv = append(argv, strconv.Itoa(len(reqs)))
-			for i := range reqs {
-				args = append(args, baseKey(DefaultKeyPrefix, reqs[i]))
-				argv = append(argv, string(appendSpec(nil, &reqs[i])))
-			}
-		}
-		cmds[c] = append(args, argv...)
-	}
+	cmds := threeDescCalls(b, be, perCall, calls, 100_000)
+	ctx := context.Background()
+	res := make([]limiter.Result, 3)
 	c := r.Client()
 	send := func(first int) []redis.Cmder {
 		pipe := c.Pipeline()
@@ -152,6 +124,99 @@ func BenchmarkCheckBackToBack(b *testing.B) {
 			}
 		}
 	}
+}
+
+// threeDescCalls loads the library into be's server and returns calls check
+// calls, as the coalescer sends them: FCALL <fn> <numkeys> <keys> "0 0",
+// then per Check "3" and the specs of its three sliding windows (IP,
+// tenant+user and route, as in make bench) on an index drawn from [0,
+// indexes), perCall Checks per call, in a fixed pseudo-random order.
+func threeDescCalls(b *testing.B, be *Backend, perCall, calls, indexes int) [][]any {
+	b.Helper()
+	lim := limiter.Limit{Requests: 1 << 30, Window: time.Minute}
+	check := func(i int) []limiter.Request {
+		return []limiter.Request{
+			{Key: key("bench", "remote_address", "10."+strconv.Itoa(i)), Limit: lim, Hits: 1},
+			{Key: key("bench", "tenant", "t"+strconv.Itoa(i%100), "user", "u"+strconv.Itoa(i)), Limit: lim, Hits: 1},
+			{Key: key("bench", "route", "/api/r"+strconv.Itoa(i%20)), Limit: lim, Hits: 1},
+		}
+	}
+	if err := be.Check(context.Background(), check(0), make([]limiter.Result, 3)); err != nil { // loads the library
+		b.Fatal(err)
+	}
+	if !be.UsesFunctions() {
+		b.Fatal("redis-server does not run Functions")
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	cmds := make([][]any, calls)
+	for c := range cmds {
+		args := []any{"fcall", be.scripts.checkFn, 3 * perCall}
+		argv := []any{"0 0"}
+		for range perCall {
+			reqs := check(rng.IntN(indexes))
+			argv = append(argv, strconv.Itoa(len(reqs)))
+			for i := range reqs {
+				args = append(args, baseKey(DefaultKeyPrefix, reqs[i]))
+				argv = append(argv, string(appendSpec(nil, &reqs[i])))
+			}
+		}
+		cmds[c] = append(args, argv...)
+	}
+	return cmds
+}
+
+// BenchmarkCheckUnderCallgrind counts the instructions redis-server spends
+// per Check, with scripts/callgrind-check.sh: that script starts
+// redis-server under valgrind's callgrind and sets
+// ENVOY_RLS_CALLGRIND_REDIS to its address (the benchmark is skipped
+// otherwise; plain runs measure nothing here). It sends 200 calls of
+// ENVOY_RLS_CALLGRIND_PER_CALL Checks (default 4) of three sliding windows
+// over 1,000 indexes once, so that their counters exist, then zeroes
+// callgrind's counts, sends the same calls again and has callgrind dump:
+// the dump holds the instructions of the second pass alone, which the
+// script divides by its Checks. Instruction counts, unlike CPU time, hardly
+// depend on what else the machine runs.
+func BenchmarkCheckUnderCallgrind(b *testing.B) {
+	addr := os.Getenv("ENVOY_RLS_CALLGRIND_REDIS")
+	if addr == "" {
+		b.Skip("run by scripts/callgrind-check.sh, which sets ENVOY_RLS_CALLGRIND_REDIS")
+	}
+	perCall := 4
+	if v := os.Getenv("ENVOY_RLS_CALLGRIND_PER_CALL"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("ENVOY_RLS_CALLGRIND_PER_CALL=%q: want a positive integer", v)
+		}
+		perCall = n
+	}
+	be, err := New(Options{URL: "redis://" + addr, KeyPrefix: DefaultKeyPrefix, Timeout: time.Minute})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer be.Close()
+	cmds := threeDescCalls(b, be, perCall, 200, 1000)
+	c := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: time.Minute})
+	defer c.Close()
+	ctx := context.Background()
+	sendAll := func() {
+		for _, cmd := range cmds {
+			if err := c.Do(ctx, cmd...).Err(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	callgrind := func(arg string) {
+		if out, err := exec.Command("callgrind_control", arg).CombinedOutput(); err != nil {
+			b.Fatalf("callgrind_control %s: %v\n%s", arg, err, out)
+		}
+	}
+	sendAll() // every counter exists from here on
+	for b.Loop() {
+		callgrind("-z")
+		sendAll()
+		callgrind("-d")
+	}
+	b.ReportMetric(float64(len(cmds)*perCall), "checks/dump")
 }
 
 // BenchmarkBaseKey measures the key derivation (SHA-256 of the identity).

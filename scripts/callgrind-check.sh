@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# callgrind-check.sh: redis-server's instructions per Check (check.lua with
+# three sliding windows, as make bench's "3 desc"), counted by valgrind's
+# callgrind: repeatable within a few tenths of a percent whatever else the
+# machine runs (Redis's own timer events fall in the count), so a change to
+# the Lua scripts can be measured on a shared machine.
+#
+#   scripts/callgrind-check.sh [PER_CALL]   # Checks per call, default 4
+#
+# It starts redis-server under callgrind on a free loopback port, runs
+# BenchmarkCheckUnderCallgrind (pkg/redisbackend) against it, and prints the
+# instructions of the measured pass divided by its Checks: in all, and inside
+# FCALL. Needs valgrind and redis-server (scripts/install-deps.sh).
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+PER_CALL="${1:-4}"
+for tool in valgrind callgrind_annotate callgrind_control redis-server redis-cli; do
+	command -v "$tool" >/dev/null || {
+		echo "callgrind-check: $tool not found (apt-get install valgrind; scripts/install-deps.sh for Redis)" >&2
+		exit 1
+	}
+done
+TMP="$(mktemp -d)"
+PID=""
+cleanup() {
+	if [ -n "$PID" ]; then
+		kill "$PID" 2>/dev/null || true
+		wait "$PID" 2>/dev/null || true
+	fi
+	rm -rf "$TMP"
+}
+trap cleanup EXIT
+PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+valgrind --tool=callgrind --callgrind-out-file="$TMP/callgrind.out" -q \
+	redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no >"$TMP/redis.log" 2>&1 &
+PID=$!
+for _ in $(seq 100); do
+	redis-cli -p "$PORT" ping >/dev/null 2>&1 && break
+	kill -0 "$PID" 2>/dev/null || {
+		cat "$TMP/redis.log" >&2
+		exit 1
+	}
+	sleep 0.1
+done
+out="$(cd "$ROOT" && ENVOY_RLS_CALLGRIND_REDIS="127.0.0.1:$PORT" ENVOY_RLS_CALLGRIND_PER_CALL="$PER_CALL" \
+	go test -run '^$' -bench CheckUnderCallgrind -benchtime 1x ./pkg/redisbackend)" || {
+	echo "$out" >&2
+	exit 1
+}
+checks="$(echo "$out" | awk '/BenchmarkCheckUnderCallgrind/ { for (i = 1; i < NF; i++) if ($(i + 1) == "checks/dump") print int($i) }')"
+dump="$TMP/callgrind.out.1"
+[ -s "$dump" ] && [ -n "$checks" ] || {
+	echo "$out" >&2
+	echo "callgrind-check: no dump of the measured pass" >&2
+	exit 1
+}
+total="$(callgrind_annotate "$dump" | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')"
+fcall="$(callgrind_annotate --inclusive=yes "$dump" | awk '/fcallCommand/ { gsub(",", "", $1); print $1; exit }')"
+echo "callgrind-check: $PER_CALL Checks per call, $checks Checks measured: $((total / checks)) instructions per Check, $((fcall / checks)) inside FCALL"
