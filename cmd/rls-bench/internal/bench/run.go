@@ -128,7 +128,7 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.ConnWindow != 0 && (o.ConnWindow < 65535 || o.ConnWindow > math.MaxInt32) {
 		// grpc-go would ignore a smaller window without a word.
-		return o, fmt.Errorf("connection window %d: must be 0 or from 65535 to %d bytes", o.ConnWindow, math.MaxInt32)
+		return o, fmt.Errorf("--conn-window %d: must be 0 or from 65535 to %d bytes", o.ConnWindow, math.MaxInt32)
 	}
 	if o.Seed == 0 {
 		o.Seed = rand.Uint64()

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -135,12 +136,13 @@ func TestConnWindowSparesClientPings(t *testing.T) {
 	}
 }
 
-// TestConnWindowBelowHTTP2MinimumIsRefused: grpc-go would ignore it.
+// TestConnWindowBelowHTTP2MinimumIsRefused: grpc-go would ignore it; the
+// error names the flag.
 func TestConnWindowBelowHTTP2MinimumIsRefused(t *testing.T) {
 	for _, w := range []int{-1, 1000, 65534} {
 		_, err := Run(context.Background(), Options{Addr: "127.0.0.1:1", ConnWindow: w, Descriptors: mustTemplates(t, "a=b")})
-		if err == nil {
-			t.Errorf("ConnWindow %d accepted", w)
+		if err == nil || !strings.Contains(err.Error(), "--conn-window") {
+			t.Errorf("ConnWindow %d: %v, want an error naming --conn-window", w, err)
 		}
 	}
 }
