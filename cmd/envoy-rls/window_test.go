@@ -2,12 +2,16 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
+	"fmt"
 	"net"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/envoy-rls/envoy-rls/pkg/rls"
 	commonrl "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"golang.org/x/net/http2"
@@ -135,5 +139,35 @@ func TestConnWindowSparesBDPPings(t *testing.T) {
 		if tc.wantIncrease != 0 && x.connIncrease != tc.wantIncrease {
 			t.Errorf("--grpc.conn-window %d: connection window raised by %d, want %d", tc.window, x.connIncrease, tc.wantIncrease)
 		}
+	}
+}
+
+// TestLargestValidRequestFlowsThroughFixedWindows: with the default fixed
+// windows (64 KiB per stream, 1 MiB per connection) a request of the largest
+// size the request limits allow, over 1 MiB, still arrives whole and is
+// answered: the server replenishes the windows as it reads.
+func TestLargestValidRequestFlowsThroughFixedWindows(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "w.yaml"), "domain: w\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 100}\n")
+	r := startServe(t, serveOptions{configDir: dir, grpcWindow: defaultConnWindow})
+	req := &rlsv3.RateLimitRequest{Domain: "w"}
+	for d := range rls.DefaultMaxDescriptors {
+		var kv []string
+		for e := range rls.DefaultMaxEntries {
+			kv = append(kv, fmt.Sprintf("%0*d", rls.DefaultMaxKeyBytes, d*100+e), strings.Repeat("v", rls.DefaultMaxValueBytes))
+		}
+		req.Descriptors = append(req.Descriptors, desc(kv...))
+	}
+	if n := proto.Size(req); n <= defaultConnWindow {
+		t.Fatalf("request of %d bytes: want more than the %d-byte window", n, defaultConnWindow)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	resp, err := r.client.ShouldRateLimit(ctx, req)
+	if err != nil {
+		t.Fatalf("ShouldRateLimit of %d bytes: %v", proto.Size(req), err)
+	}
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || len(resp.GetStatuses()) != rls.DefaultMaxDescriptors {
+		t.Errorf("answer %v with %d statuses, want OK with %d", resp.GetOverallCode(), len(resp.GetStatuses()), rls.DefaultMaxDescriptors)
 	}
 }
