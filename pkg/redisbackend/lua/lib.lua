@@ -151,6 +151,13 @@ local function parse_state(v, max_x, max_yz)
   return empty_state
 end
 
+-- window_max caches floor(exact / w) - 2 by window w: the largest bucket or
+-- count of a window counter whose products with w stay exact (see
+-- load_windowed). Windows come from the configured rules, so few recur; it
+-- is emptied at 1024 entries, which bounds its memory. As a Redis Function
+-- the library's locals outlive the call (as a script, one call).
+local window_max, window_max_count = {}, 0
+
 -- load_windowed is the load of the window counters (key, w, now, v): the
 -- state stored as v (the key's MGET value, false if absent), read at now for
 -- a window of w ms. It is parse_state with a window's bounds: the bucket no
@@ -158,25 +165,25 @@ end
 -- that (b+2)·W and count·W are exact (the Go side rejects limits with
 -- limit·W >= 2^53, so legitimate counts are far below).
 --
--- It runs for every counter of every call, so parse_state and idiv are
--- written out in it, as they are in the windows' decide and store: a Lua
--- function call costs Redis several hundred instructions, more than the
--- arithmetic it calls (README, Performance).
+-- It runs for every counter of every call, so parse_state is written out in
+-- it (as helpers are in the windows' decide and store), and its bounds take
+-- no division: a Lua function call, math.floor's included, costs Redis
+-- several hundred instructions, more than the arithmetic (README,
+-- Performance).
 local function load_windowed(key, w, now, v)
   if v and #v == 24 then
     local x, y, z = unpack_state(state_format, v)
-    local max = floor(exact / w) - 2
-    local t = now + ahead_max
-    local bmax = floor(t / w) -- idiv(t, w)
-    if bmax * w > t then
-      bmax = bmax - 1
-    elseif (bmax + 1) * w <= t then
-      bmax = bmax + 1
+    local max = window_max[w]
+    if not max then
+      if window_max_count >= 1024 then
+        window_max, window_max_count = {}, 0
+      end
+      max = floor(exact / w) - 2
+      window_max[w], window_max_count = max, window_max_count + 1
     end
-    if bmax > max then
-      bmax = max
-    end
-    if x >= 0 and y >= 0 and z >= 0 and x <= bmax and y <= max and z <= max then
+    -- x <= max makes x·w exact, so x·w <= now + ahead_max is exactly
+    -- x <= idiv(now + ahead_max, w), without the division.
+    if x >= 0 and y >= 0 and z >= 0 and x <= max and y <= max and z <= max and x * w <= now + ahead_max then
       return {x, y, z}
     end
   end
