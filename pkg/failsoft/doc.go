@@ -4,7 +4,9 @@
 // A *Limiter wraps a primary limiter (Redis, through pkg/redisbackend) and a
 // fallback limiter (in process, through pkg/memorybackend); it imports
 // neither. Every Check goes to the primary under a deadline shortened by
-// Options.DeadlineMargin, so that a slow store still leaves time to answer.
+// Options.DeadlineMargin, so that a slow store still leaves time to answer:
+// given to a primary that is a DeadlineChecker as a value (CheckBy), to any
+// other as a derived context.
 // When the primary reports limiter.ErrUnavailable (or the shortened deadline
 // expires while the caller's context is still alive), or while the circuit
 // breaker is open, each Request is decided by its FailureMode:

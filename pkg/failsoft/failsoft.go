@@ -101,7 +101,9 @@ type BreakerOptions struct {
 
 // Options configures New. Zero fields take the documented defaults.
 type Options struct {
-	// Primary is the shared store's limiter. Required.
+	// Primary is the shared store's limiter. Required. When it is also a
+	// DeadlineChecker, its deadline is given through CheckBy instead of a
+	// context derived per Check.
 	Primary limiter.Limiter
 	// Fallback decides fallback-mode requests while the primary is
 	// unavailable, at this instance's share of each limit. Required.
@@ -155,6 +157,7 @@ type Options struct {
 // concurrent use; Run must be called at most once.
 type Limiter struct {
 	primary        limiter.Limiter
+	primaryBy      DeadlineChecker // primary, when it is one; else nil
 	fallback       limiter.Limiter
 	hb             Heartbeat
 	id             string
@@ -175,6 +178,18 @@ type Limiter struct {
 	degraded atomic.Bool           // the breaker is not closed
 	since    atomic.Int64          // Now().UnixNano() when the breaker left closed
 	lastErr  atomic.Pointer[error] // the latest store failure, for the outage log
+}
+
+// DeadlineChecker is a primary that can be given a deadline apart from its
+// context: CheckBy(ctx, by, …) must return by `by` (zero: no bound beyond
+// ctx) as if ctx ended then, with an error that wraps
+// context.DeadlineExceeded or limiter.ErrUnavailable when the store has not
+// decided. The Limiter then passes the caller's context itself with the
+// shortened deadline, instead of deriving a context per Check, which costs
+// allocations, a timer and a registration with the caller's context
+// (redisbackend.Backend).
+type DeadlineChecker interface {
+	CheckBy(ctx context.Context, by time.Time, reqs []limiter.Request, results []limiter.Result) error
 }
 
 // errExcluded marks a primary call whose outcome says nothing about the
@@ -262,6 +277,7 @@ func New(o Options) (*Limiter, error) {
 	if l.obs == nil {
 		l.obs = nopObserver{}
 	}
+	l.primaryBy, _ = o.Primary.(DeadlineChecker)
 	l.live.Store(1)
 
 	ratio := b.FailureRatio
@@ -331,7 +347,7 @@ func (l *Limiter) Check(ctx context.Context, reqs []limiter.Request, results []l
 		l.obs.StoreError("circuit_open")
 		return l.degrade(ctx, reqs, results)
 	}
-	pctx, cancel, ok := l.primaryContext(ctx)
+	deadline, ok := l.primaryDeadline(ctx)
 	if !ok {
 		// Less than the margin left: no time to ask the store. That says
 		// nothing about the store's health.
@@ -341,9 +357,7 @@ func (l *Limiter) Check(ctx context.Context, reqs []limiter.Request, results []l
 		}
 		return l.degrade(ctx, reqs, results)
 	}
-	err = l.primary.Check(pctx, reqs, results)
-	shortened := pctx.Err() != nil
-	cancel()
+	shortened, err := l.checkPrimary(ctx, deadline, reqs, results)
 	switch {
 	case err == nil:
 		done(nil)
@@ -368,15 +382,14 @@ func (l *Limiter) Check(ctx context.Context, reqs []limiter.Request, results []l
 	}
 }
 
-// primaryContext returns the context for the primary call: ctx with its
-// deadline moved earlier by the margin, and bounded by the Timeout option.
-// ok is false when less than the margin is left.
-func (l *Limiter) primaryContext(ctx context.Context) (context.Context, context.CancelFunc, bool) {
-	var deadline time.Time
+// primaryDeadline returns the deadline of the primary call (zero: none):
+// ctx's moved earlier by the margin, and bounded by the Timeout option. ok
+// is false when less than the margin is left.
+func (l *Limiter) primaryDeadline(ctx context.Context) (deadline time.Time, ok bool) {
 	if d, ok := ctx.Deadline(); ok {
 		deadline = d.Add(-l.margin)
 		if time.Until(deadline) <= 0 {
-			return ctx, func() {}, false
+			return time.Time{}, false
 		}
 	}
 	if l.timeout > 0 {
@@ -384,11 +397,25 @@ func (l *Limiter) primaryContext(ctx context.Context) (context.Context, context.
 			deadline = t
 		}
 	}
-	if deadline.IsZero() {
-		return ctx, func() {}, true
+	return deadline, true
+}
+
+// checkPrimary asks the primary, bounded by deadline (zero: ctx alone).
+// shortened reports that the primary's time was up when it returned: its
+// deadline had passed, or ctx had ended.
+func (l *Limiter) checkPrimary(ctx context.Context, deadline time.Time, reqs []limiter.Request, results []limiter.Result) (shortened bool, err error) {
+	switch {
+	case deadline.IsZero():
+		err = l.primary.Check(ctx, reqs, results)
+		return ctx.Err() != nil, err
+	case l.primaryBy != nil:
+		err = l.primaryBy.CheckBy(ctx, deadline, reqs, results)
+		return ctx.Err() != nil || !time.Now().Before(deadline), err
 	}
 	pctx, cancel := context.WithDeadline(ctx, deadline)
-	return pctx, cancel, true
+	defer cancel()
+	err = l.primary.Check(pctx, reqs, results)
+	return pctx.Err() != nil, err
 }
 
 // breakerChanged is the breaker's OnStateChange. It runs synchronously

@@ -243,6 +243,7 @@ func withCallerDeadline(d time.Duration) (context.Context, context.CancelFunc) {
 
 // spy passes every Check to a real limiter and records, for each call, the
 // caller's deadline, the deadline the primary was given and what it returned.
+// It has no CheckBy, so the Limiter derives a context per Check for it.
 type spy struct {
 	next limiter.Limiter
 
@@ -252,17 +253,41 @@ type spy struct {
 
 type spyCall struct {
 	caller, got time.Time
-	err         error
+	// ctx is the deadline of the context the primary was given, which
+	// CheckBy must receive underived (the caller's own).
+	ctx time.Time
+	err error
 }
 
 func (s *spy) Check(ctx context.Context, reqs []limiter.Request, results []limiter.Result) error {
 	err := s.next.Check(ctx, reqs, results)
 	c := spyCall{err: err}
-	c.caller, _ = ctx.Value(callerDeadline{}).(time.Time)
 	c.got, _ = ctx.Deadline()
+	s.record(ctx, c)
+	return err
+}
+
+func (s *spy) record(ctx context.Context, c spyCall) {
+	c.caller, _ = ctx.Value(callerDeadline{}).(time.Time)
+	c.ctx, _ = ctx.Deadline()
 	s.mu.Lock()
 	s.calls = append(s.calls, c)
 	s.mu.Unlock()
+}
+
+// bySpy is a spy over a redisbackend.Backend, given its deadline through
+// CheckBy (a failsoft.DeadlineChecker, as serve's primary is), which it
+// records as the deadline the primary got.
+type bySpy struct {
+	spy
+	by failsoft.DeadlineChecker
+}
+
+func newBySpy(rb *redisbackend.Backend) *bySpy { return &bySpy{spy: spy{next: rb}, by: rb} }
+
+func (s *bySpy) CheckBy(ctx context.Context, by time.Time, reqs []limiter.Request, results []limiter.Result) error {
+	err := s.by.CheckBy(ctx, by, reqs, results)
+	s.record(ctx, spyCall{got: by, err: err})
 	return err
 }
 
@@ -276,12 +301,16 @@ func (s *spy) take() []spyCall {
 }
 
 // checkDeadlines fails the test unless every call got the caller's deadline
-// less margin.
-func checkDeadlines(t testing.TB, calls []spyCall, margin time.Duration) {
+// less margin, and, given it by CheckBy (by), the caller's own context.
+func checkDeadlines(t testing.TB, calls []spyCall, margin time.Duration, by bool) {
 	t.Helper()
 	for _, c := range calls {
 		if c.caller.IsZero() || !c.got.Equal(c.caller.Add(-margin)) {
 			t.Errorf("primary got deadline %v for a caller deadline %v, want %v earlier", c.got, c.caller, margin)
+			return
+		}
+		if by && !c.ctx.Equal(c.caller) {
+			t.Errorf("CheckBy got a context with deadline %v for a caller deadline %v: want the caller's context, not one derived", c.ctx, c.caller)
 			return
 		}
 	}

@@ -247,7 +247,7 @@ func runOutage(t *testing.T, f fault) {
 	fb := memorybackend.New(memorybackend.Options{})
 	rec := newRecorder()
 	logger, logs := newLogs(t)
-	primary := &spy{next: rb}
+	primary := newBySpy(rb) // given its deadline by CheckBy, as serve's store is
 	fs := newFailsoft(t, failsoft.Options{
 		Primary:           primary,
 		Fallback:          fb,
@@ -304,7 +304,7 @@ func runOutage(t *testing.T, f fault) {
 	}
 	w.finish(t)
 	calls := primary.take()
-	checkDeadlines(t, calls, failsoft.DefaultDeadlineMargin)
+	checkDeadlines(t, calls, failsoft.DefaultDeadlineMargin, true)
 	if len(calls) >= int(w.total.Load()) {
 		t.Errorf("the store was asked %d times for %d checks: the open breaker should keep calls away", len(calls), w.total.Load())
 	}
@@ -352,12 +352,31 @@ func runOutage(t *testing.T, f fault) {
 // made one at a time under Envoy's 20 ms deadline, returns no error, before
 // its deadline, by the request's failure mode; the store is asked with the
 // deadline less the margin and gives up (it does not wait for the late
-// reply). After the latency is removed, the store decides again.
+// reply). After the latency is removed, the store decides again. Both ways
+// of giving the store its deadline: CheckBy (the Backend's, serve's path) and
+// a derived context (a primary without CheckBy), each with the Backend's
+// calls coalesced and not.
 func TestLatencyAnswersWithinDeadline(t *testing.T) {
+	for _, by := range []bool{true, false} {
+		for _, senders := range []int{0, -1} {
+			t.Run(fmt.Sprintf("CheckBy=%v/senders=%d", by, senders), func(t *testing.T) {
+				latencyAnswersWithinDeadline(t, by, senders)
+			})
+		}
+	}
+}
+
+func latencyAnswersWithinDeadline(t *testing.T, by bool, senders int) {
 	r := testenv.RedisServer(t)
 	px := newProxy(t, r.Addr)
-	rb := newRedisBackend(t, redisbackend.Options{URL: "redis://" + px.Addr, PoolSize: poolSize})
-	primary := &spy{next: rb}
+	rb := newRedisBackend(t, redisbackend.Options{URL: "redis://" + px.Addr, PoolSize: poolSize, Senders: senders})
+	var primary interface {
+		limiter.Limiter
+		take() []spyCall
+	} = &spy{next: rb}
+	if by {
+		primary = newBySpy(rb)
+	}
 	rec := newRecorder()
 	fs := newFailsoft(t, failsoft.Options{Primary: primary, Fallback: newMemory(t, nil), Observer: rec})
 	reqs := make([]limiter.Request, len(modes))
@@ -411,7 +430,7 @@ func TestLatencyAnswersWithinDeadline(t *testing.T) {
 		}
 	}
 	calls := primary.take()
-	checkDeadlines(t, calls, failsoft.DefaultDeadlineMargin)
+	checkDeadlines(t, calls, failsoft.DefaultDeadlineMargin, by)
 	for _, c := range calls {
 		if c.err == nil {
 			t.Errorf("the store answered through a 200 ms latency within the deadline: Check waited for it")

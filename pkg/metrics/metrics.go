@@ -240,12 +240,24 @@ func (m *Metrics) RedisCalls(stats func() RedisCallStats) error {
 }
 
 // InstrumentStore returns a limiter.Limiter that times every call of l in
-// envoy_rls_store_duration_seconds.
+// envoy_rls_store_duration_seconds. When l can also be given a deadline
+// apart from its context (CheckBy, as redisbackend.Backend can), so can the
+// limiter returned, so that the fail-soft layer above it sees that.
 func (m *Metrics) InstrumentStore(l limiter.Limiter, now func() time.Time) limiter.Limiter {
 	if now == nil {
 		now = time.Now
 	}
-	return &timedLimiter{next: l, m: m, now: now}
+	t := &timedLimiter{next: l, m: m, now: now}
+	if by, ok := l.(deadlineChecker); ok {
+		return &timedDeadlineLimiter{timedLimiter: t, next: by}
+	}
+	return t
+}
+
+// deadlineChecker is a store that can be given a deadline apart from its
+// context (failsoft.DeadlineChecker).
+type deadlineChecker interface {
+	CheckBy(ctx context.Context, by time.Time, reqs []limiter.Request, results []limiter.Result) error
 }
 
 type timedLimiter struct {
@@ -257,6 +269,19 @@ type timedLimiter struct {
 func (t *timedLimiter) Check(ctx context.Context, reqs []limiter.Request, results []limiter.Result) error {
 	start := t.now()
 	err := t.next.Check(ctx, reqs, results)
+	t.m.storeDuration.Observe(t.now().Sub(start).Seconds())
+	return err
+}
+
+// timedDeadlineLimiter is a timedLimiter over a deadlineChecker.
+type timedDeadlineLimiter struct {
+	*timedLimiter
+	next deadlineChecker
+}
+
+func (t *timedDeadlineLimiter) CheckBy(ctx context.Context, by time.Time, reqs []limiter.Request, results []limiter.Result) error {
+	start := t.now()
+	err := t.next.CheckBy(ctx, by, reqs, results)
 	t.m.storeDuration.Observe(t.now().Sub(start).Seconds())
 	return err
 }

@@ -228,6 +228,15 @@ func (b *Backend) CallStats() CallStats {
 // Check implements limiter.Limiter. See the package documentation for the
 // number of Redis calls per Check.
 func (b *Backend) Check(ctx context.Context, reqs []limiter.Request, results []limiter.Result) error {
+	return b.CheckBy(ctx, time.Time{}, reqs, results)
+}
+
+// CheckBy is Check bounded by by as well (zero: not), as if ctx ended then:
+// it returns by then, with an error that wraps limiter.ErrUnavailable and
+// context.DeadlineExceeded if Redis has not decided. With coalescing no
+// context is derived for it (the fail-soft layer's shortened deadline, given
+// this way, costs no allocation).
+func (b *Backend) CheckBy(ctx context.Context, by time.Time, reqs []limiter.Request, results []limiter.Result) error {
 	if err := validate(reqs, results); err != nil {
 		return err
 	}
@@ -235,12 +244,13 @@ func (b *Backend) Check(ctx context.Context, reqs []limiter.Request, results []l
 		return nil
 	}
 	b.checks.Add(1)
+	dl := earliest(b.deadline(ctx), by)
 	if b.co != nil {
 		// No derived context per request: the coalesced call carries the
-		// deadline.
-		return b.co.check(ctx, b.deadline(ctx), reqs, results)
+		// deadline, and the coalescer's expiry answers a queued Check at it.
+		return b.co.check(ctx, dl, reqs, results)
 	}
-	ctx, cancel := b.bound(ctx)
+	ctx, cancel := boundBy(ctx, dl)
 	defer cancel()
 	if b.cluster != nil {
 		err := b.checkCluster(ctx, reqs, results)
@@ -274,11 +284,24 @@ func (b *Backend) deadline(ctx context.Context) time.Time {
 
 // bound applies b.timeout to ctx unless ctx already ends sooner.
 func (b *Backend) bound(ctx context.Context) (context.Context, context.CancelFunc) {
-	dl := b.deadline(ctx)
+	return boundBy(ctx, b.deadline(ctx))
+}
+
+// boundBy returns ctx ended at dl (zero: ctx itself), unless ctx already
+// ends by then.
+func boundBy(ctx context.Context, dl time.Time) (context.Context, context.CancelFunc) {
 	if cur, ok := ctx.Deadline(); dl.IsZero() || ok && !dl.Before(cur) {
 		return ctx, func() {}
 	}
 	return context.WithDeadline(ctx, dl)
+}
+
+// earliest returns the sooner of two deadlines, where zero is none.
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || !b.IsZero() && b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // validate checks the arguments of Check.

@@ -68,10 +68,12 @@ import (
 // a Check that arrives during a call waits for its end, which lengthens the
 // tail at a moderate rate (measured in the README's Redis section).
 //
-// Deadlines: a Check's deadline is its context's or Options.Timeout from
-// its start, whichever is sooner, and a call is bounded by the earliest
-// deadline of its groups, so that nobody waits past their own; no context is
-// derived per Check. A caller whose context ends while its group is queued
+// Deadlines: a Check's deadline is the soonest of its context's,
+// Options.Timeout from its start and the one CheckBy was given, and a call is
+// bounded by the earliest deadline of its groups, so that nobody waits past
+// their own; no context is derived per Check. A Check still queued at its
+// deadline is answered then by a timer of the coalescer's (expireQueued),
+// armed for the earliest deadline in the queue. A caller whose context ends while its group is queued
 // takes it back (nothing is sent); while its group is in a call, it stops
 // waiting and reports limiter.ErrUnavailable, and its group may still be
 // decided (and counted) by that call, as with a reply lost on the network. A
@@ -156,6 +158,11 @@ type coalescer struct {
 	// to fire.
 	spare      *time.Timer
 	spareArmed bool
+	// expire answers the queued jobs whose deadline has passed; set to
+	// fire at expireAt, the earliest deadline of a job queued since it
+	// last fired (zero while it is not set).
+	expire   *time.Timer
+	expireAt time.Time
 	// lent counts the slots out of idle (in a call, or lent to a caller
 	// who has not woken yet); close waits for them to come back.
 	lent sync.WaitGroup
@@ -171,6 +178,8 @@ func newCoalescer(b *Backend, senders, maxBatch int, spareAfter time.Duration) *
 	c.slots = slices.Clone(c.idle)
 	c.spare = time.AfterFunc(time.Hour, c.lendSpare)
 	c.spare.Stop()
+	c.expire = time.AfterFunc(time.Hour, c.expireQueued)
+	c.expire.Stop()
 	return c
 }
 
@@ -182,6 +191,7 @@ func (c *coalescer) close(grace time.Duration) bool {
 	if !c.closed {
 		c.closed = true
 		c.spare.Stop()
+		c.expire.Stop()
 		for _, bt := range c.idle {
 			bt.closeConn()
 		}
@@ -237,11 +247,13 @@ func (c *coalescer) check(ctx context.Context, deadline time.Time, reqs []limite
 		// goes to the oldest, and j queues behind them.
 		j.queued = true
 		c.queue = append(c.queue, j)
+		c.armExpiry(deadline)
 		c.lendHead(bt)
 		c.mu.Unlock()
 	default:
 		j.queued = true
 		c.queue = append(c.queue, j)
+		c.armExpiry(deadline)
 		c.armSpare(now)
 		c.mu.Unlock()
 	}
@@ -337,7 +349,7 @@ func (b *Backend) finish(ctx context.Context, deadline time.Time, reqs []limiter
 		err = calls[0].err
 	} else {
 		// Refunds, if any, are bounded like the Check, as in checkCluster.
-		rctx, cancel := b.bound(ctx)
+		rctx, cancel := boundBy(ctx, deadline)
 		err = b.settle(rctx, reqs, calls, results)
 		cancel()
 	}
@@ -528,6 +540,45 @@ func (c *coalescer) lendSpare() {
 		return
 	}
 	c.armSpare(now)
+}
+
+// armExpiry sets the expiry timer to fire at deadline (zero: none), the
+// deadline of a job just queued, unless it is set to fire by then. It is
+// called with c.mu held.
+func (c *coalescer) armExpiry(deadline time.Time) {
+	if deadline.IsZero() || c.closed || !c.expireAt.IsZero() && !deadline.Before(c.expireAt) {
+		return
+	}
+	c.expireAt = deadline
+	c.expire.Reset(time.Until(deadline))
+}
+
+// expireQueued, the expiry timer's function, answers the queued jobs whose
+// deadline has passed with context.DeadlineExceeded (nothing of theirs was
+// sent) and sets the timer again for the earliest deadline of the others.
+// This, not a context derived per Check, is what ends the wait of a Check
+// queued behind calls that take longer than its deadline; a Check in a call
+// needs nothing of the kind, since the call ends by the earliest deadline
+// of its groups.
+func (c *coalescer) expireQueued() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.expireAt = time.Time{}
+	now := time.Now()
+	var next time.Time
+	c.queue = slices.DeleteFunc(c.queue, func(j *job) bool {
+		switch {
+		case j.deadline.IsZero():
+			return false
+		case now.Before(j.deadline):
+			next = earliest(next, j.deadline)
+			return false
+		}
+		j.queued = false
+		c.deliver(j, context.DeadlineExceeded)
+		return true
+	})
+	c.armExpiry(next)
 }
 
 // dequeue drops the n oldest jobs of the queue. It is called with c.mu
