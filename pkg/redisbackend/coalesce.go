@@ -73,13 +73,13 @@ import (
 // bounded by the earliest deadline of its groups, so that nobody waits past
 // their own; no context is derived per Check. A Check still queued at its
 // deadline is answered then by a timer of the coalescer's (expireQueued),
-// armed for the earliest deadline in the queue. A caller whose context ends while its group is queued
-// takes it back (nothing is sent); while its group is in a call, it stops
-// waiting and reports limiter.ErrUnavailable, and its group may still be
-// decided (and counted) by that call, as with a reply lost on the network. A
-// group whose deadline has passed before its call is built is not sent. A
-// caller lent a slot after its context ended passes the slot on instead of
-// leading. A leader waits for its own call even when its context is
+// armed for the earliest deadline in the queue, and nothing of it is sent.
+// A caller whose context ends while its group is queued takes it back
+// (nothing is sent); while its group is in a call, it stops waiting and
+// reports limiter.ErrUnavailable, and its group may still be decided (and
+// counted) by that call, as with a reply lost on the network. A group whose
+// deadline has passed before its call is built is not sent. A caller lent a
+// slot after its context ended passes the slot on instead of leading. A leader waits for its own call even when its context is
 // canceled meanwhile: the call is bounded by the leader's deadline like any
 // other.
 //
