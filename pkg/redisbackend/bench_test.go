@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -71,6 +72,58 @@ func BenchmarkCheck(b *testing.B) {
 			benchCheck(b, []limiter.Request{req})
 		})
 	}
+}
+
+// BenchmarkCheckCluster measures Check on a 3-master Redis Cluster with three
+// requests of distinct keys (so three hash slots, usually on different
+// masters), as make bench's three descriptors: one caller at a time, and 16
+// parallel callers whose Checks coalesce into per-slot calls sent as one
+// pipeline. Time and allocations per Check; the masters' CPU is not
+// counted (see BENCH_REDIS=cluster make bench).
+//
+//	go test -run '^$' -bench CheckCluster -benchmem ./pkg/redisbackend
+func BenchmarkCheckCluster(b *testing.B) {
+	c := testenv.RedisCluster(b)
+	be := newClustered(b, c, DefaultKeyPrefix, nil)
+	ctx := context.Background()
+	const n = 100_000
+	reqsOf := func(i int) []limiter.Request {
+		is := strconv.Itoa(i % n)
+		return []limiter.Request{
+			benchReq(limiter.SlidingWindow, "ip"+is),
+			benchReq(limiter.SlidingWindow, "user"+is),
+			benchReq(limiter.SlidingWindow, "route"+strconv.Itoa(i%20)),
+		}
+	}
+	check := func(b *testing.B, reqs []limiter.Request, res []limiter.Result) {
+		if err := be.Check(ctx, reqs, res); err != nil {
+			b.Fatalf("Check: %v", err)
+		}
+		if !res[0].Allowed || !res[1].Allowed || !res[2].Allowed {
+			b.Fatalf("denied: %+v", res)
+		}
+	}
+	check(b, reqsOf(0), make([]limiter.Result, 3)) // load the library on the masters
+	b.Run("serial", func(b *testing.B) {
+		res := make([]limiter.Result, 3)
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			check(b, reqsOf(i), res)
+			i++
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetParallelism(8)
+		var next atomic.Int64
+		b.RunParallel(func(pb *testing.PB) {
+			res := make([]limiter.Result, 3)
+			for pb.Next() {
+				check(b, reqsOf(int(next.Add(1))), res)
+			}
+		})
+	})
 }
 
 // BenchmarkCheckBackToBack measures Redis's CPU per Check when check calls
