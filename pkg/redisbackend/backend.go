@@ -481,6 +481,10 @@ type batch struct {
 	conn  *redis.Conn
 	jobs  []*job // the jobs of a coalesced call
 	parts []part // and their groups' calls
+	// pipe holds a Cluster pipeline's calls (sendPipelined), pipeBy their
+	// indexes by hash slot·2 + alt, both empty between pipelines.
+	pipe   []pipeCall
+	pipeBy map[int]int
 	// start is when a coalescing slot was lent out: zero while it is
 	// idle, and always when the coalescer has no spareAfter (under
 	// coalescer.mu).
@@ -566,7 +570,7 @@ func (b *Backend) runCheck(ctx context.Context, bt *batch, keys, argv []string, 
 // sendScript sends "<verb> <script> <numkeys> <keys> <flags> <argv>", its
 // arguments built in bt.cmd (appendCheckArgs), on bt's connection if it has
 // one, never to be resent (noRetry). flags is the script's ARGV[1].
-func (b *Backend) sendScript(ctx context.Context, bt *batch, verb string, script any, keys, argv []string, flags any) *redis.StringCmd {
+func (b *Backend) sendScript(ctx context.Context, bt *batch, verb, script any, keys, argv []string, flags any) *redis.StringCmd {
 	args := appendCheckArgs(bt.cmd[:0], verb, script, keys, argv, flags)
 	bt.cmd = args
 	cmd := redis.NewStringCmd(ctx, args...)
@@ -582,8 +586,11 @@ func (b *Backend) sendScript(ctx context.Context, bt *batch, verb string, script
 // appendCheckArgs appends the arguments of "<verb> <script> <numkeys> <keys>
 // <flags> <argv>" to dst, every key and argument as a *string into keys and
 // argv: go-redis writes it as the string, and no argument is boxed on the
-// heap. keys and argv must stay unchanged until the command has been read.
-func appendCheckArgs(dst []any, verb string, script any, keys, argv []string, flags any) []any {
+// heap (verb comes boxed: a string constant converted where it is written,
+// which costs nothing, where a string variable converted here would cost an
+// allocation per call). keys and argv must stay unchanged until the command
+// has been read.
+func appendCheckArgs(dst []any, verb, script any, keys, argv []string, flags any) []any {
 	dst = append(dst, verb, script, len(keys))
 	for i := range keys {
 		dst = append(dst, &keys[i])
@@ -645,13 +652,13 @@ func isNoScript(err error) bool {
 // isFunctionMissing reports whether Redis answered that it does not know the
 // function (FCALL before FUNCTION LOAD).
 func isFunctionMissing(err error) bool {
-	return redis.HasErrorPrefix(err, "Function not found")
+	return err != nil && redis.HasErrorPrefix(err, "Function not found")
 }
 
 // isUnsupported reports whether Redis refused a Functions command as unknown
 // (before 7.0, or a proxy without it) or not permitted (ACL).
 func isUnsupported(err error) bool {
-	return redis.HasErrorPrefix(err, "unknown command") || redis.HasErrorPrefix(err, "NOPERM")
+	return err != nil && (redis.HasErrorPrefix(err, "unknown command") || redis.HasErrorPrefix(err, "NOPERM"))
 }
 
 // UsesFunctions reports whether checks currently run as a Redis Function

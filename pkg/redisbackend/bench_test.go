@@ -86,15 +86,18 @@ func BenchmarkCheckCluster(b *testing.B) {
 	c := testenv.RedisCluster(b)
 	be := newClustered(b, c, DefaultKeyPrefix, nil)
 	ctx := context.Background()
-	const n = 100_000
-	reqsOf := func(i int) []limiter.Request {
-		is := strconv.Itoa(i % n)
-		return []limiter.Request{
+	// Requests over 10,000 indexes, built before the clock runs.
+	const n = 10_000
+	all := make([][]limiter.Request, n)
+	for i := range all {
+		is := strconv.Itoa(i)
+		all[i] = []limiter.Request{
 			benchReq(limiter.SlidingWindow, "ip"+is),
 			benchReq(limiter.SlidingWindow, "user"+is),
 			benchReq(limiter.SlidingWindow, "route"+strconv.Itoa(i%20)),
 		}
 	}
+	reqsOf := func(i int) []limiter.Request { return all[i%n] }
 	check := func(b *testing.B, reqs []limiter.Request, res []limiter.Result) {
 		if err := be.Check(ctx, reqs, res); err != nil {
 			b.Fatalf("Check: %v", err)

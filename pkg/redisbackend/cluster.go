@@ -12,6 +12,7 @@ import (
 
 // slotCall is the part of a Cluster batch that lives in one hash slot.
 type slotCall struct {
+	slot      int   // the hash slot (set on a Cluster only)
 	idx       []int // request indexes, in batch order
 	alt       []figures
 	now       int64
@@ -100,15 +101,20 @@ func (b *Backend) settle(ctx context.Context, reqs []limiter.Request, calls []*s
 // their first request.
 func (b *Backend) groupBySlot(reqs []limiter.Request) []*slotCall {
 	var calls []*slotCall
-	bySlot := make(map[int]*slotCall, len(reqs))
-	var key []byte
+	var buf [128]byte
 	for i := range reqs {
-		key = appendBaseKey(key[:0], b.prefix, &reqs[i])
-		s := slot(string(key))
-		c := bySlot[s]
+		s := slot(string(appendBaseKey(buf[:0], b.prefix, &reqs[i])))
+		// A request has few slots (a few descriptors' limits): a linear
+		// search beats a map made per Check.
+		var c *slotCall
+		for _, sc := range calls {
+			if sc.slot == s {
+				c = sc
+				break
+			}
+		}
 		if c == nil {
-			c = &slotCall{}
-			bySlot[s] = c
+			c = &slotCall{slot: s}
 			calls = append(calls, c)
 		}
 		c.idx = append(c.idx, i)

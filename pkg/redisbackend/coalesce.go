@@ -645,7 +645,7 @@ func (c *coalescer) send(bt *batch, jobs []*job) {
 		defer cancel()
 	}
 	if c.b.cluster != nil {
-		c.sendPipelined(ctx, live)
+		c.sendPipelined(ctx, bt, live)
 		return
 	}
 	keys, argv, parts := bt.keys[:0], bt.argv[:0], bt.parts[:0]
@@ -711,61 +711,92 @@ func splitReply(v string, err error, alt bool, parts []part) {
 // order, as on a single node: Redis decides them one after the other, each
 // atomically, and reads and writes a counter they share once. It delivers
 // every job; each of its calls holds its reply or error.
-func (c *coalescer) sendPipelined(ctx context.Context, live []*job) {
+func (c *coalescer) sendPipelined(ctx context.Context, bt *batch, live []*job) {
 	b := c.b
-	verb, script := "evalsha", b.scripts.checkSHA
+	var verb, script any = "evalsha", b.scripts.checkSHA
 	if b.functions.Load() {
 		verb, script = "fcall", b.scripts.checkFn
 	}
-	type slotCmd struct {
-		alt        bool
-		parts      []part
-		keys, argv []string
-		cmd        *redis.StringCmd
+	// The calls, kept with the slot with their slices for the next
+	// pipeline, and indexed by slot·2 + alt.
+	if bt.pipeBy == nil {
+		bt.pipeBy = make(map[int]int)
 	}
-	var cmds []*slotCmd
-	bySlot := make(map[int]*slotCmd) // by slot·2 + alt
+	cmds := bt.pipe[:0]
 	for _, j := range live {
 		alt := len(j.calls) > 1
 		for i, call := range j.calls {
 			g := &j.groups[i]
-			k := slot(g.keys[0])*2 + btoi(alt)
-			sc := bySlot[k]
-			if sc == nil {
-				sc = &slotCmd{alt: alt}
-				bySlot[k] = sc
-				cmds = append(cmds, sc)
+			k, ok := bt.pipeBy[call.slot*2+btoi(alt)]
+			if !ok {
+				k = len(cmds)
+				bt.pipeBy[call.slot*2+btoi(alt)] = k
+				if k < cap(cmds) {
+					cmds = cmds[:k+1]
+				} else {
+					cmds = append(cmds, pipeCall{})
+				}
+				cmds[k].alt = alt
 			}
-			sc.parts = append(sc.parts, part{call, len(g.keys)})
-			sc.keys = append(sc.keys, g.keys...)
-			sc.argv = append(sc.argv, g.argv...)
+			pc := &cmds[k]
+			pc.parts = append(pc.parts, part{call, len(g.keys)})
+			pc.keys = append(pc.keys, g.keys...)
+			pc.argv = append(pc.argv, g.argv...)
 		}
 	}
+	bt.pipe = cmds
 	_, _ = b.cluster.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, sc := range cmds {
-			args := appendCheckArgs(make([]any, 0, 4+len(sc.keys)+len(sc.argv)), verb, script, sc.keys, sc.argv, b.flags[btoi(sc.alt)])
-			sc.cmd = redis.NewStringCmd(ctx, args...)
-			sc.cmd.SetFirstKeyPos(3)
-			_ = p.Process(ctx, noRetry{sc.cmd})
+		for k := range cmds {
+			pc := &cmds[k]
+			pc.args = appendCheckArgs(pc.args[:0], verb, script, pc.keys, pc.argv, b.flags[btoi(pc.alt)])
+			pc.cmd = redis.NewStringCmd(ctx, pc.args...)
+			pc.cmd.SetFirstKeyPos(3)
+			_ = p.Process(ctx, noRetry{pc.cmd})
 		}
 		return nil
 	})
 	b.calls.Add(uint64(len(cmds)))
-	for _, sc := range cmds {
-		v, err := sc.cmd.Result()
+	for k := range cmds {
+		pc := &cmds[k]
+		v, err := pc.cmd.Result()
 		if isFunctionMissing(err) || isUnsupported(err) || isNoScript(err) {
 			// Refused before it ran: send it alone, through runCheck,
 			// which loads the library or falls back to scripts.
-			bt := b.scratch.Get().(*batch)
-			v, err = b.runCheck(ctx, bt, sc.keys, sc.argv, b.flags[btoi(sc.alt)]).Result()
-			clear(bt.cmd)
-			b.scratch.Put(bt)
+			sb := b.scratch.Get().(*batch)
+			v, err = b.runCheck(ctx, sb, pc.keys, pc.argv, b.flags[btoi(pc.alt)]).Result()
+			clear(sb.cmd)
+			b.scratch.Put(sb)
 		}
-		splitReply(v, err, sc.alt, sc.parts)
+		splitReply(v, err, pc.alt, pc.parts)
+		pc.release()
 	}
+	clear(bt.pipeBy)
 	for _, j := range live {
 		c.deliver(j, nil)
 	}
+}
+
+// pipeCall is one call of a Cluster pipeline (sendPipelined): the groups of
+// one hash slot with the same flags, and the command that carries them. A
+// sender slot keeps its pipeCalls, and their slices, from one pipeline to
+// the next.
+type pipeCall struct {
+	alt        bool
+	parts      []part
+	keys, argv []string
+	args       []any // the command's arguments: pointers into keys and argv
+	cmd        *redis.StringCmd
+}
+
+// release drops pc's references to the pipeline's jobs and command,
+// keeping its slices' capacity.
+func (pc *pipeCall) release() {
+	clear(pc.parts)
+	clear(pc.keys)
+	clear(pc.argv)
+	clear(pc.args)
+	pc.parts, pc.keys, pc.argv, pc.args = pc.parts[:0], pc.keys[:0], pc.argv[:0], pc.args[:0]
+	pc.cmd = nil
 }
 
 // btoi is 1 for true, 0 for false.

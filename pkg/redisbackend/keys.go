@@ -91,7 +91,18 @@ func slot(key string) int {
 func crc16(s string) uint16 {
 	var crc uint16
 	for i := 0; i < len(s); i++ {
-		crc ^= uint16(s[i]) << 8
+		crc = crc<<8 ^ crc16Table[byte(crc>>8)^s[i]]
+	}
+	return crc
+}
+
+// crc16Table is CRC16/XMODEM (polynomial 0x1021) of every byte value: a
+// byte at a time instead of a bit at a time (the bitwise loop cost 4.9% of
+// envoy-rls's CPU on a Cluster, at two slot computations per counter).
+// Read-only after package initialization.
+var crc16Table = func() (t [256]uint16) {
+	for i := range t {
+		crc := uint16(i) << 8
 		for range 8 {
 			if crc&0x8000 != 0 {
 				crc = crc<<1 ^ 0x1021
@@ -99,6 +110,7 @@ func crc16(s string) uint16 {
 				crc <<= 1
 			}
 		}
+		t[i] = crc
 	}
-	return crc
-}
+	return t
+}()

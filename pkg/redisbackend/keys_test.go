@@ -77,6 +77,9 @@ func TestSlotMatchesClusterKeyslot(t *testing.T) {
 	for i := 0; i < 200; i++ {
 		cases = append(cases, baseKey("rls:", limiter.Request{Key: key("d", fmt.Sprint(i)), Limit: limiter.Limit{Requests: 1, Window: time.Second}}))
 	}
+	for i := range 256 { // every entry of the CRC table, as a first and a second byte
+		cases = append(cases, string([]byte{byte(i)}), string([]byte{'x', byte(i)}))
+	}
 	for _, k := range cases {
 		want, err := c.ClusterKeySlot(ctx, k).Result()
 		if err != nil {
