@@ -100,25 +100,41 @@ func (b *Backend) settle(ctx context.Context, reqs []limiter.Request, calls []*s
 // groupBySlot returns the requests of each hash slot, slots in order of
 // their first request.
 func (b *Backend) groupBySlot(reqs []limiter.Request) []*slotCall {
-	var calls []*slotCall
-	var buf [128]byte
+	var buf []slotCall
+	return b.appendSlotCalls(nil, &buf, reqs)
+}
+
+// appendSlotCalls appends to calls the requests of each hash slot, slots in
+// order of their first request, in slotCalls of *buf: reused (their idx and
+// alt slices with them), the earlier calls it held being done with, and
+// replaced by a larger array when it has fewer than len(reqs) (every
+// pointer taken stays valid).
+func (b *Backend) appendSlotCalls(calls []*slotCall, buf *[]slotCall, reqs []limiter.Request) []*slotCall {
+	if cap(*buf) < len(reqs) {
+		*buf = make([]slotCall, 0, len(reqs))
+	}
+	sc := (*buf)[:0]
+	var key [128]byte
 	for i := range reqs {
-		s := slot(string(appendBaseKey(buf[:0], b.prefix, &reqs[i])))
+		s := slot(string(appendBaseKey(key[:0], b.prefix, &reqs[i])))
 		// A request has few slots (a few descriptors' limits): a linear
 		// search beats a map made per Check.
 		var c *slotCall
-		for _, sc := range calls {
-			if sc.slot == s {
-				c = sc
+		for _, x := range calls {
+			if x.slot == s {
+				c = x
 				break
 			}
 		}
 		if c == nil {
-			c = &slotCall{slot: s}
+			sc = sc[:len(sc)+1] // within cap: no pointer moves
+			c = &sc[len(sc)-1]
+			*c = slotCall{slot: s, idx: c.idx[:0], alt: c.alt[:0]}
 			calls = append(calls, c)
 		}
 		c.idx = append(c.idx, i)
 	}
+	*buf = sc
 	return calls
 }
 

@@ -149,3 +149,69 @@ func TestClusterCoalescingIsExact(t *testing.T) {
 		})
 	}
 }
+
+// TestClusterChecksOfChangingShapes: one caller at a time, so that the
+// coalescer's pooled job (and its slot calls, kept from one Check to the
+// next) is reused, sends Checks of 3, 1, 3 (one slot vetoing), 5, 1 and 2
+// slots on a Cluster, coalesced. Every Result matches what the limits
+// allow: a vetoed Check consumes nothing, and its admitted slots report the
+// figures without consumption (the slot calls' alt figures, kept or
+// dropped as the shapes change).
+func TestClusterChecksOfChangingShapes(t *testing.T) {
+	c := testenv.RedisCluster(t)
+	b := newClustered(t, c, DefaultKeyPrefix, nil)
+	ctx := context.Background()
+	l := limiter.Limit{Requests: 100, Window: time.Hour}
+	one := limiter.Limit{Requests: 1, Window: time.Hour}
+	// Five keys on five distinct slots.
+	var ks []string
+	slots := map[int]bool{}
+	for i := 0; len(ks) < 5; i++ {
+		k := key(t.Name(), strconv.Itoa(i))
+		if s := slot(baseKey(DefaultKeyPrefix, limiter.Request{Key: k, Limit: l})); !slots[s] {
+			slots[s] = true
+			ks = append(ks, k)
+		}
+	}
+	counted := map[string]uint64{} // hits counted per key (limit l)
+	req := func(i int) limiter.Request { return limiter.Request{Key: ks[i], Limit: l, Hits: 1} }
+	veto := limiter.Request{Key: key(t.Name(), "veto"), Limit: one, Hits: 2} // more than its limit: denied
+	steps := []struct {
+		name   string
+		reqs   []limiter.Request
+		vetoed bool
+	}{
+		{"3 slots", []limiter.Request{req(0), req(1), req(2)}, false},
+		{"1 slot", []limiter.Request{req(0)}, false},
+		{"3 slots, one vetoing", []limiter.Request{veto, req(0), req(1)}, true},
+		{"5 slots", []limiter.Request{req(0), req(1), req(2), req(3), req(4)}, false},
+		{"1 slot again", []limiter.Request{req(1)}, false},
+		{"2 slots", []limiter.Request{req(4), req(3)}, false},
+	}
+	for _, st := range steps {
+		res := make([]limiter.Result, len(st.reqs))
+		if err := b.Check(ctx, st.reqs, res); err != nil {
+			t.Fatalf("%s: Check: %v", st.name, err)
+		}
+		for i, r := range st.reqs {
+			if r.Key == veto.Key {
+				if res[i].Allowed {
+					t.Errorf("%s: the vetoing request was admitted: %+v", st.name, res[i])
+				}
+				continue
+			}
+			if !st.vetoed {
+				counted[r.Key]++
+			}
+			want := l.Requests - counted[r.Key]
+			if !res[i].Allowed || res[i].Remaining != want {
+				t.Errorf("%s: request %d: allowed %v, remaining %d; want allowed, remaining %d", st.name, i, res[i].Allowed, res[i].Remaining, want)
+			}
+		}
+	}
+	for i := range ks {
+		if got, want := used(t, b, req(i)), int64(counted[ks[i]]); got != want {
+			t.Errorf("key %d: %d hits counted, want %d", i, got, want)
+		}
+	}
+}

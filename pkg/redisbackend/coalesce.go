@@ -119,6 +119,7 @@ type job struct {
 	calls    []*slotCall
 	groups   []group
 	one      slotCall
+	slots    []slotCall // on a Cluster, the calls' structs, kept for the next Check
 	ctx      context.Context
 	deadline time.Time // zero: none
 	state    atomic.Int32
@@ -309,15 +310,20 @@ func (j *job) encode(b *Backend, reqs []limiter.Request) {
 		j.groups[0].encode(b, reqs, nil)
 		return
 	}
-	j.calls = b.groupBySlot(reqs)
+	j.calls = b.appendSlotCalls(j.calls[:0], &j.slots, reqs)
 	if cap(j.groups) < len(j.calls) {
 		j.groups = append(j.groups[:cap(j.groups)], make([]group, len(j.calls)-cap(j.groups))...)
 	}
 	j.groups = j.groups[:len(j.calls)]
 	for i, call := range j.calls {
 		j.groups[i].encode(b, reqs, call.idx)
-		if len(j.calls) > 1 {
-			call.alt = make([]figures, len(call.idx))
+		switch n := len(call.idx); {
+		case len(j.calls) == 1:
+			call.alt = nil // no figures without consumption: nothing to refund
+		case cap(call.alt) >= n:
+			call.alt = call.alt[:n] // decodeReply writes every one
+		default:
+			call.alt = make([]figures, n)
 		}
 	}
 }
@@ -596,6 +602,9 @@ func (c *coalescer) put(j *job) {
 	}
 	clear(j.calls)
 	j.calls = j.calls[:0]
+	for i := range j.slots {
+		j.slots[i].err, j.slots[i].reply = nil, ""
+	}
 	j.one = slotCall{}
 	j.ctx, j.err, j.deadline = nil, nil, time.Time{}
 	c.pool.Put(j)
