@@ -79,9 +79,9 @@ import (
 // reports limiter.ErrUnavailable, and its group may still be decided (and
 // counted) by that call, as with a reply lost on the network. A group whose
 // deadline has passed before its call is built is not sent. A caller lent a
-// slot after its context ended passes the slot on instead of leading. A leader waits for its own call even when its context is
-// canceled meanwhile: the call is bounded by the leader's deadline like any
-// other.
+// slot after its context ended passes the slot on instead of leading. A
+// leader waits for its own call even when its context is canceled
+// meanwhile: the call is bounded by the leader's deadline like any other.
 //
 // Shared fate: a call that fails (its earliest deadline passes, the
 // connection breaks, Redis refuses the script for being out of memory)
