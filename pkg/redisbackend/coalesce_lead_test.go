@@ -208,7 +208,8 @@ func TestCoalescerWithdrawLentSlot(t *testing.T) {
 
 // TestCoalescerCancelStorm: 32 goroutines send Checks whose contexts end at
 // random moments (before the Check, while queued, while lent a slot, while
-// in a call) on two slots, or not at all. Afterwards nothing is queued, both
+// in a call) on two slots, whose CheckBy deadline passes at such moments
+// (answered by the coalescer's expiry while queued), or neither. Afterwards nothing is queued, both
 // slots are idle, the Backend still decides, and each counter holds every
 // admitted hit and no more than the Checks that may have reached Redis. On a
 // Cluster each Check spans two masters, so its calls go in pipelines and a
@@ -243,17 +244,21 @@ func cancelStorm(t *testing.T, b *Backend, reqs []limiter.Request) {
 			for range 200 {
 				var ctx context.Context
 				var cancel context.CancelFunc
-				switch rng.IntN(4) {
+				var by time.Time // CheckBy's deadline; zero: none
+				switch rng.IntN(5) {
 				case 0: // ends before the Check
 					ctx, cancel = context.WithCancel(context.Background())
 					cancel()
 				case 1: // ends at some point of the Check
 					d := time.Duration(rng.IntN(2000)) * time.Microsecond
 					ctx, cancel = context.WithTimeout(context.Background(), d)
+				case 2: // CheckBy's deadline passes at some point of the Check
+					ctx, cancel = context.WithCancel(context.Background())
+					by = time.Now().Add(time.Duration(rng.IntN(2000)) * time.Microsecond)
 				default:
 					ctx, cancel = context.WithCancel(context.Background())
 				}
-				err := b.Check(ctx, reqs, res)
+				err := b.CheckBy(ctx, by, reqs, res)
 				cancel()
 				switch {
 				case err == nil:
