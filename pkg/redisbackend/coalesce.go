@@ -116,13 +116,13 @@ type job struct {
 	// The Check's calls and their groups (groups[i] encodes the requests
 	// of calls[i]): on a single node or Sentinel one, of every request
 	// (one, kept with the job); on a Cluster one per hash slot.
-	calls    []*slotCall
-	groups   []group
-	one      slotCall
-	slots    []slotCall // on a Cluster, the calls' structs, kept for the next Check
-	ctx      context.Context
-	deadline time.Time // zero: none
-	state    atomic.Int32
+	calls     []*slotCall
+	groups    []group
+	one       slotCall
+	slotCalls []slotCall // on a Cluster, the calls' structs, kept for the next Check
+	ctx       context.Context
+	deadline  time.Time // zero: none
+	state     atomic.Int32
 	// done receives once per delivered result, and once when the job's
 	// caller is lent a slot to lead the next call.
 	done chan struct{}
@@ -310,7 +310,7 @@ func (j *job) encode(b *Backend, reqs []limiter.Request) {
 		j.groups[0].encode(b, reqs, nil)
 		return
 	}
-	j.calls = b.appendSlotCalls(j.calls[:0], &j.slots, reqs)
+	j.calls = b.appendSlotCalls(j.calls[:0], &j.slotCalls, reqs)
 	if cap(j.groups) < len(j.calls) {
 		j.groups = append(j.groups[:cap(j.groups)], make([]group, len(j.calls)-cap(j.groups))...)
 	}
@@ -602,8 +602,8 @@ func (c *coalescer) put(j *job) {
 	}
 	clear(j.calls)
 	j.calls = j.calls[:0]
-	for i := range j.slots {
-		j.slots[i].err, j.slots[i].reply = nil, ""
+	for i := range j.slotCalls {
+		j.slotCalls[i].err, j.slotCalls[i].reply = nil, ""
 	}
 	j.one = slotCall{}
 	j.ctx, j.err, j.deadline = nil, nil, time.Time{}
@@ -736,10 +736,11 @@ func (c *coalescer) sendPipelined(ctx context.Context, bt *batch, live []*job) {
 		alt := len(j.calls) > 1
 		for i, call := range j.calls {
 			g := &j.groups[i]
-			k, ok := bt.pipeBy[call.slot*2+btoi(alt)]
+			by := call.slot*2 + btoi(alt)
+			k, ok := bt.pipeBy[by]
 			if !ok {
 				k = len(cmds)
-				bt.pipeBy[call.slot*2+btoi(alt)] = k
+				bt.pipeBy[by] = k
 				if k < cap(cmds) {
 					cmds = cmds[:k+1]
 				} else {

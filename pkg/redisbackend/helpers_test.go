@@ -74,6 +74,31 @@ func storedState(v string) (st [3]int64, ok bool) {
 	return st, true
 }
 
+// holdCall loads the library with a first Check of req, stops r (SIGSTOP,
+// resumed when the test ends, or earlier by r.Resume), and starts a Check of
+// req whose call is then held: it returns once that call has been sent, and
+// the Check's error arrives on the channel when Redis answers it.
+func holdCall(t *testing.T, r *testenv.Redis, b *Backend, req []limiter.Request) <-chan error {
+	t.Helper()
+	if err := b.Check(context.Background(), req, make([]limiter.Result, len(req))); err != nil { // load the library
+		t.Fatal(err)
+	}
+	calls := b.CallStats().Calls
+	r.Pause()
+	t.Cleanup(r.Resume) // a no-op once resumed
+	held := make(chan error, 1)
+	go func() { held <- b.Check(context.Background(), req, make([]limiter.Result, len(req))) }()
+	if err := waitFor(func() error {
+		if n := b.CallStats().Calls - calls; n != 1 {
+			return fmt.Errorf("%d calls sent, want 1", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return held
+}
+
 // used returns the hits counted on the counter of req, read by a Check of
 // zero hits.
 func used(t testing.TB, b *Backend, req limiter.Request) int64 {

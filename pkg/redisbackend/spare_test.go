@@ -43,35 +43,18 @@ func TestSpareSlot(t *testing.T) {
 			}
 			t.Cleanup(func() { b.Close() })
 			req := []limiter.Request{{Key: key(t.Name()), Limit: limiter.Limit{Requests: 100, Window: time.Hour}, Hits: 1}}
-			if err := b.Check(context.Background(), req, make([]limiter.Result, 1)); err != nil { // load the library
-				t.Fatal(err)
-			}
-			base := b.CallStats()
-			r.Pause()
-			resumed := false
-			t.Cleanup(func() {
-				if !resumed {
-					r.Resume()
-				}
-			})
-			errs := make(chan error, 1+queued)
+			first := holdCall(t, r, b, req)
+			held := b.CallStats().Calls
+			errs := make(chan error, queued)
 			check := func() { errs <- b.Check(context.Background(), req, make([]limiter.Result, 1)) }
-			go check()
-			if err := waitFor(func() error {
-				if n := b.CallStats().Calls - base.Calls; n != 1 {
-					return fmt.Errorf("%d calls sent, want 1", n)
-				}
-				return nil
-			}); err != nil {
-				t.Fatal(err)
-			}
 			for range queued {
 				go check()
 			}
 			if err := waitFor(func() error {
 				st := b.CallStats()
 				q, idle := b.co.occupancy()
-				if n := st.Calls - base.Calls; n != uint64(tc.calls) || q != tc.queued || idle != tc.idle || st.SpareCalls != tc.spares {
+				// The held call and those started behind it.
+				if n := 1 + st.Calls - held; n != uint64(tc.calls) || q != tc.queued || idle != tc.idle || st.SpareCalls != tc.spares {
 					return fmt.Errorf("%d calls sent, %d Checks queued, %d slots idle, %d spare calls; want %d, %d, %d, %d",
 						n, q, idle, st.SpareCalls, tc.calls, tc.queued, tc.idle, tc.spares)
 				}
@@ -79,9 +62,11 @@ func TestSpareSlot(t *testing.T) {
 			}); err != nil {
 				t.Fatal(err)
 			}
-			resumed = true
 			r.Resume()
-			for range 1 + queued {
+			if err := <-first; err != nil {
+				t.Errorf("held Check: %v", err)
+			}
+			for range queued {
 				if err := <-errs; err != nil {
 					t.Errorf("Check: %v", err)
 				}
