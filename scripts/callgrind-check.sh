@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # callgrind-check.sh: redis-server's instructions per Check (check.lua with
-# three sliding windows, as make bench's "3 desc"), counted by valgrind's
+# three sliding windows, as make bench's "3 desc", or make bench's "4
+# limits": a token bucket and an hourly window besides), counted by valgrind's
 # callgrind: repeatable within a few tenths of a percent whatever else the
 # machine runs (Redis's own timer events fall in the count), so a change to
 # the Lua scripts can be measured on a shared machine.
 #
-#   scripts/callgrind-check.sh [PER_CALL]   # Checks per call, default 4
+#   scripts/callgrind-check.sh [PER_CALL [MIX]]   # Checks per call, default 4;
+#                                                 # MIX 3desc (default) or 4limits
 #
 # It starts redis-server under callgrind on a free loopback port, runs
 # BenchmarkCheckUnderCallgrind (pkg/redisbackend) against it, and prints the
@@ -14,6 +16,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PER_CALL="${1:-4}"
+MIX="${2:-3desc}"
 for tool in valgrind callgrind_annotate callgrind_control redis-server redis-cli; do
 	command -v "$tool" >/dev/null || {
 		echo "callgrind-check: $tool not found (apt-get install valgrind; scripts/install-deps.sh for Redis)" >&2
@@ -42,7 +45,7 @@ for _ in $(seq 100); do
 	}
 	sleep 0.1
 done
-out="$(cd "$ROOT" && ENVOY_RLS_CALLGRIND_REDIS="127.0.0.1:$PORT" ENVOY_RLS_CALLGRIND_PER_CALL="$PER_CALL" \
+out="$(cd "$ROOT" && ENVOY_RLS_CALLGRIND_REDIS="127.0.0.1:$PORT" ENVOY_RLS_CALLGRIND_PER_CALL="$PER_CALL" ENVOY_RLS_CALLGRIND_MIX="$MIX" \
 	go test -run '^$' -bench CheckUnderCallgrind -benchtime 1x ./pkg/redisbackend)" || {
 	echo "$out" >&2
 	exit 1
@@ -56,4 +59,4 @@ dump="$TMP/callgrind.out.1"
 }
 total="$(callgrind_annotate "$dump" | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')"
 fcall="$(callgrind_annotate --inclusive=yes "$dump" | awk '/fcallCommand/ { gsub(",", "", $1); print $1; exit }')"
-echo "callgrind-check: $PER_CALL Checks per call, $checks Checks measured: $((total / checks)) instructions per Check, $((fcall / checks)) inside FCALL"
+echo "callgrind-check: $MIX, $PER_CALL Checks per call, $checks Checks measured: $((total / checks)) instructions per Check, $((fcall / checks)) inside FCALL"

@@ -1,6 +1,7 @@
 package redisbackend
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -182,22 +183,50 @@ func BenchmarkCheckBackToBack(b *testing.B) {
 	}
 }
 
-// threeDescCalls loads the library into be's server and returns calls check
-// calls, as the coalescer sends them: FCALL <fn> <numkeys> <keys> "0 0",
-// then per Check "3" and the specs of its three sliding windows (IP,
-// tenant+user and route, as in make bench) on an index drawn from [0,
-// indexes), perCall Checks per call, in a fixed pseudo-random order.
-func threeDescCalls(b *testing.B, be *Backend, perCall, calls, indexes int) [][]any {
-	b.Helper()
-	lim := limiter.Limit{Requests: 1 << 30, Window: time.Minute}
-	check := func(i int) []limiter.Request {
+// checkMixes are the Checks that the benchmarks sending check calls by hand
+// use, by name: each returns the requests of the Check of index i.
+//
+//   - 3desc: three sliding windows of a minute (IP, tenant+user and route),
+//     make bench's "3 desc";
+//   - 4limits: make bench's "4 limits" (testdata/bench/bench4.yaml): the
+//     middle descriptor (plan+user) has a token bucket of a second and an
+//     hourly sliding window.
+var checkMixes = map[string]func(i int) []limiter.Request{
+	"3desc": func(i int) []limiter.Request {
+		lim := limiter.Limit{Requests: 1 << 30, Window: time.Minute}
 		return []limiter.Request{
 			{Key: key("bench", "remote_address", "10."+strconv.Itoa(i)), Limit: lim, Hits: 1},
 			{Key: key("bench", "tenant", "t"+strconv.Itoa(i%100), "user", "u"+strconv.Itoa(i)), Limit: lim, Hits: 1},
 			{Key: key("bench", "route", "/api/r"+strconv.Itoa(i%20)), Limit: lim, Hits: 1},
 		}
-	}
-	if err := be.Check(context.Background(), check(0), make([]limiter.Result, 3)); err != nil { // loads the library
+	},
+	"4limits": func(i int) []limiter.Request {
+		minute := limiter.Limit{Requests: 1e9, Window: time.Minute}
+		burst := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 1e9, Window: time.Second}
+		hourly := limiter.Limit{Requests: 1e9, Window: time.Hour}
+		plan := []string{"bench4", "plan", "p" + strconv.Itoa(i%100), "user", "u" + strconv.Itoa(i)}
+		return []limiter.Request{
+			{Key: key("bench4", "bench4_ip", "remote_address", "10."+strconv.Itoa(i)), Limit: minute, Hits: 1},
+			{Key: key(append(plan, "bench4_plan_burst")...), Limit: burst, Hits: 1},
+			{Key: key(append(plan, "bench4_plan_hourly")...), Limit: hourly, Hits: 1},
+			{Key: key("bench4", "bench4_route", "route", "/api/r"+strconv.Itoa(i%20)), Limit: minute, Hits: 1},
+		}
+	},
+}
+
+// threeDescCalls is mixCalls of the "3desc" mix.
+func threeDescCalls(b *testing.B, be *Backend, perCall, calls, indexes int) [][]any {
+	return mixCalls(b, be, checkMixes["3desc"], perCall, calls, indexes)
+}
+
+// mixCalls loads the library into be's server and returns calls check
+// calls, as the coalescer sends them: FCALL <fn> <numkeys> <keys> "0 0",
+// then per Check the number of its requests and their specs, the Checks of
+// mix on indexes drawn from [0, indexes), perCall Checks per call, in a
+// fixed pseudo-random order.
+func mixCalls(b *testing.B, be *Backend, mix func(i int) []limiter.Request, perCall, calls, indexes int) [][]any {
+	b.Helper()
+	if err := be.Check(context.Background(), mix(0), make([]limiter.Result, len(mix(0)))); err != nil { // loads the library
 		b.Fatal(err)
 	}
 	if !be.UsesFunctions() {
@@ -206,17 +235,17 @@ func threeDescCalls(b *testing.B, be *Backend, perCall, calls, indexes int) [][]
 	rng := rand.New(rand.NewPCG(1, 2))
 	cmds := make([][]any, calls)
 	for c := range cmds {
-		args := []any{"fcall", be.scripts.checkFn, 3 * perCall}
+		var keys []any
 		argv := []any{"0 0"}
 		for range perCall {
-			reqs := check(rng.IntN(indexes))
+			reqs := mix(rng.IntN(indexes))
 			argv = append(argv, strconv.Itoa(len(reqs)))
 			for i := range reqs {
-				args = append(args, baseKey(DefaultKeyPrefix, reqs[i]))
+				keys = append(keys, baseKey(DefaultKeyPrefix, reqs[i]))
 				argv = append(argv, string(appendSpec(nil, &reqs[i])))
 			}
 		}
-		cmds[c] = append(args, argv...)
+		cmds[c] = append(append([]any{"fcall", be.scripts.checkFn, len(keys)}, keys...), argv...)
 	}
 	return cmds
 }
@@ -226,16 +255,22 @@ func threeDescCalls(b *testing.B, be *Backend, perCall, calls, indexes int) [][]
 // redis-server under valgrind's callgrind and sets
 // ENVOY_RLS_CALLGRIND_REDIS to its address (the benchmark is skipped
 // otherwise; plain runs measure nothing here). It sends 200 calls of
-// ENVOY_RLS_CALLGRIND_PER_CALL Checks (default 4) of three sliding windows
-// over 1,000 indexes once, so that their counters exist, then zeroes
-// callgrind's counts, sends the same calls again and has callgrind dump:
-// the dump holds the instructions of the second pass alone, which the
-// script divides by its Checks. Instruction counts, unlike CPU time, hardly
-// depend on what else the machine runs.
+// ENVOY_RLS_CALLGRIND_PER_CALL Checks (default 4) of the mix
+// ENVOY_RLS_CALLGRIND_MIX (checkMixes, default 3desc) over 1,000 indexes
+// once, so that their counters exist, then zeroes callgrind's counts, sends
+// the same calls again and has callgrind dump: the dump holds the
+// instructions of the second pass alone, which the script divides by its
+// Checks. Instruction counts, unlike CPU time, hardly depend on what else
+// the machine runs.
 func BenchmarkCheckUnderCallgrind(b *testing.B) {
 	addr := os.Getenv("ENVOY_RLS_CALLGRIND_REDIS")
 	if addr == "" {
 		b.Skip("run by scripts/callgrind-check.sh, which sets ENVOY_RLS_CALLGRIND_REDIS")
+	}
+	mixName := cmp.Or(os.Getenv("ENVOY_RLS_CALLGRIND_MIX"), "3desc")
+	mix, ok := checkMixes[mixName]
+	if !ok {
+		b.Fatalf("ENVOY_RLS_CALLGRIND_MIX=%q: want 3desc or 4limits", mixName)
 	}
 	perCall := 4
 	if v := os.Getenv("ENVOY_RLS_CALLGRIND_PER_CALL"); v != "" {
@@ -250,7 +285,7 @@ func BenchmarkCheckUnderCallgrind(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer be.Close()
-	cmds := threeDescCalls(b, be, perCall, 200, 1000)
+	cmds := mixCalls(b, be, mix, perCall, 200, 1000)
 	c := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: time.Minute})
 	defer c.Close()
 	ctx := context.Background()

@@ -43,49 +43,100 @@ local function tb_debt(s, now, l)
   return debt - paid
 end
 
--- load returns the state stored as v (the key's MGET value, false if absent).
+-- load returns the state stored as v (the key's MGET value, false if absent):
+-- tb_parse, written out. Load, decide and store run for every token bucket
+-- of every call, so they write out their helpers (idiv, cdiv, tb_debt but
+-- for a changed limit, pack_state, px), as the windows do: a Lua function
+-- call costs Redis more than the arithmetic (see load_windowed in lib.lua).
 function token_bucket.load(key, w, now, v)
-  return tb_parse(v, now)
+  if v and #v == 24 then
+    local x, y, z = unpack_state(state_format, v)
+    if x >= 0 and y >= 0 and z >= 0 and x <= now + ahead_max and y < exact and z < exact then
+      return {x, y, z}
+    end
+  end
+  return empty_state
 end
 
 -- decide returns allowed, remaining, reset_ms, retry_ms and, when it admitted
 -- and consumed, the new state.
 function token_bucket.decide(s, now, w, l, cap, c, consume)
-  local tau = cap * w
-  local rel = tb_debt(s, now, l)
+  local tau, cw = cap * w, c * w
+  -- rel = tb_debt(s, now, l), written out when the debt was counted with l.
+  local rel, debt = 0, s[2]
+  if debt ~= 0 then
+    if s[3] ~= l then
+      rel = tb_debt(s, now, l)
+    elseif now < s[1] then
+      rel = debt + (s[1] - now) * l
+    else
+      rel = debt - (now - s[1]) * l
+      if rel < 0 then
+        rel = 0
+      end
+    end
+  end
   local ok, retry = false, 0
   if c > cap then
     retry = w
-  elseif rel <= tau and c * w <= tau - rel then
+  elseif rel <= tau and cw <= tau - rel then
     ok = true
     if consume then
-      rel = rel + c * w
+      rel = rel + cw
     end
   else
-    retry = cdiv(rel + c * w - tau, l)
+    retry = cdiv(rel + cw - tau, l)
   end
   local rem = 0
   if rel < tau then
-    rem = idiv(tau - rel, w)
+    local d = tau - rel -- rem = idiv(d, w)
+    rem = floor(d / w)
+    if rem * w > d then
+      rem = rem - 1
+    elseif (rem + 1) * w <= d then
+      rem = rem + 1
+    end
+  end
+  local reset = 0
+  if rel > 0 then -- reset = cdiv(rel, l)
+    reset = floor(rel / l)
+    if reset * l > rel then
+      reset = reset - 1
+    elseif (reset + 1) * l <= rel then
+      reset = reset + 1
+    end
+    if reset * l < rel then
+      reset = reset + 1
+    end
   end
   if ok and consume then
-    return ok, rem, cdiv(rel, l), retry, {now, rel, l}
+    return ok, rem, reset, retry, {now, rel, l}
   end
-  return ok, rem, cdiv(rel, l), retry
+  return ok, rem, reset, retry
 end
 
--- store writes state s, decided at now over the stored state o.
+-- store writes state s, decided at now over the stored state o: the key
+-- expires when the bucket is full again, and a full bucket is deleted.
 function token_bucket.store(key, w, s, o, now)
   local at, debt, per = s[1], s[2], s[3]
   local ms = 0
   if debt ~= 0 then
-    ms = at + cdiv(debt, per) - now
+    local q = floor(debt / per) -- cdiv(debt, per)
+    if q * per > debt then
+      q = q - 1
+    elseif (q + 1) * per <= debt then
+      q = q + 1
+    end
+    if q * per < debt then
+      q = q + 1
+    end
+    ms = at + q - now
   end
   if ms <= 0 then
     rcall('DEL', key)
     return
   end
-  rcall('SET', key, pack_state(s), 'PX', px(ms))
+  rcall('SET', key, pack(state_format, at, debt, per), 'PX', format('%d', ms + ttl_slack))
 end
 
 -- refund takes back c hits admitted at now with limit l (Cluster: another
