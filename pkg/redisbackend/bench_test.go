@@ -226,7 +226,8 @@ func threeDescCalls(b *testing.B, be *Backend, perCall, calls, indexes int) [][]
 // fixed pseudo-random order.
 func mixCalls(b *testing.B, be *Backend, mix func(i int) []limiter.Request, perCall, calls, indexes int) [][]any {
 	b.Helper()
-	if err := be.Check(context.Background(), mix(0), make([]limiter.Result, len(mix(0)))); err != nil { // loads the library
+	first := mix(0)
+	if err := be.Check(context.Background(), first, make([]limiter.Result, len(first))); err != nil { // loads the library
 		b.Fatal(err)
 	}
 	if !be.UsesFunctions() {
