@@ -132,21 +132,28 @@ func BenchmarkCheckCluster(b *testing.B) {
 
 // BenchmarkCheckBackToBack measures Redis's CPU per Check when check calls
 // arrive back to back, as a busy server sees them: pipelines of 8 FCALLs,
-// each carrying 8 Checks of three sliding windows (IP, tenant+user and
-// route, as in make bench) on indexes drawn from 100,000, cycling through
-// 4,096 Checks whose counters exist after the warm-up. redis-server never
-// waits for a call, so this is a Check's own work, without the wake-ups and
-// cold caches of a server that idles between calls (README, Performance).
-// ns/op is per pipeline of 64 Checks.
+// each carrying 8 Checks of a mix (checkMixes: 3desc, three sliding windows
+// as in make bench; 4limits, make bench's four limits) on indexes drawn from
+// 100,000, cycling through 4,096 Checks whose counters exist after the
+// warm-up. redis-server never waits for a call, so this is a Check's own
+// work, without the wake-ups and cold caches of a server that idles between
+// calls (README, Performance). ns/op is per pipeline of 64 Checks.
 //
 //	go test -run '^$' -bench CheckBackToBack -benchtime 2000x ./pkg/redisbackend
 func BenchmarkCheckBackToBack(b *testing.B) {
+	for _, name := range []string{"3desc", "4limits"} {
+		b.Run(name, func(b *testing.B) { benchBackToBack(b, checkMixes[name]) })
+	}
+}
+
+func benchBackToBack(b *testing.B, mix func(i int) []limiter.Request) {
 	r := testenv.RedisServer(b)
 	be := newSingle(b, r, DefaultKeyPrefix, nil)
 	const perCall, perPipeline, calls = 8, 8, 512
-	cmds := threeDescCalls(b, be, perCall, calls, 100_000)
+	cmds := mixCalls(b, be, mix, perCall, calls, 100_000)
+	n := len(mix(0))
 	ctx := context.Background()
-	res := make([]limiter.Result, 3)
+	res := make([]limiter.Result, n)
 	c := r.Client()
 	send := func(first int) []redis.Cmder {
 		pipe := c.Pipeline()
@@ -170,13 +177,14 @@ func BenchmarkCheckBackToBack(b *testing.B) {
 	}
 	b.ReportMetric(float64((r.CPU(b)-cpu).Microseconds())/float64(b.N*perPipeline*perCall), "redis-cpu-µs/check")
 	// The calls decided what they were meant to: every Check admitted.
+	size := replyLen(n, false)
 	for _, cmd := range send(0) {
 		v, err := cmd.(*redis.Cmd).Text()
-		if err != nil || len(v) != perCall*replyLen(3, false) {
-			b.Fatalf("reply of %d bytes (err %v), want %d", len(v), err, perCall*replyLen(3, false))
+		if err != nil || len(v) != perCall*size {
+			b.Fatalf("reply of %d bytes (err %v), want %d", len(v), err, perCall*size)
 		}
 		for g := range perCall {
-			if _, committed, err := decodeReply(v[g*replyLen(3, false):(g+1)*replyLen(3, false)], nil, res, nil); err != nil || !committed {
+			if _, committed, err := decodeReply(v[g*size:(g+1)*size], nil, res, nil); err != nil || !committed {
 				b.Fatalf("Check %d of a call: committed %v, err %v", g, committed, err)
 			}
 		}
