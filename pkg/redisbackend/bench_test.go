@@ -222,11 +222,6 @@ var checkMixes = map[string]func(i int) []limiter.Request{
 	},
 }
 
-// threeDescCalls is mixCalls of the "3desc" mix.
-func threeDescCalls(b *testing.B, be *Backend, perCall, calls, indexes int) [][]any {
-	return mixCalls(b, be, checkMixes["3desc"], perCall, calls, indexes)
-}
-
 // mixCalls loads the library into be's server and returns calls check
 // calls, as the coalescer sends them: FCALL <fn> <numkeys> <keys> "0 0",
 // then per Check the number of its requests and their specs, the Checks of
