@@ -122,3 +122,30 @@ func testOneRoundTripPerCheck(t *testing.T, verb string) {
 		}
 	}
 }
+
+// TestTokenBucketExpiresWhenFull: a token bucket's key expires when the
+// bucket is full again, the reset its last Check reported (measured later, so
+// no longer), and not before; a key left longer would change no decision but
+// hold Redis memory. 1,000 hits a second cost 1 ms each.
+func TestTokenBucketExpiresWhenFull(t *testing.T) {
+	r := testenv.RedisServer(t)
+	b := newSingle(t, r, DefaultKeyPrefix, nil)
+	req := []limiter.Request{{Key: key("edge", "bucket"), Limit: limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 1000, Window: time.Second}, Hits: 300}}
+	res := make([]limiter.Result, 1)
+	for i := range 2 {
+		if err := b.Check(context.Background(), req, res); err != nil || !res[0].Allowed {
+			t.Fatalf("Check %d: %+v, %v; want admitted", i, res[0], err)
+		}
+	}
+	ttl, err := r.Client().PTTL(context.Background(), baseKey(DefaultKeyPrefix, req[0])).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 600 hits of debt, less what drained between the Checks.
+	if res[0].ResetAfter <= 0 || res[0].ResetAfter > 600*time.Millisecond {
+		t.Errorf("reset after two Checks of 300 hits: %v, want in (0, 600ms]", res[0].ResetAfter)
+	}
+	if ttl <= 0 || ttl > res[0].ResetAfter {
+		t.Errorf("the bucket's key expires in %v; want in (0, %v], when it is full again", ttl, res[0].ResetAfter)
+	}
+}

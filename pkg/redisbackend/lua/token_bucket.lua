@@ -9,8 +9,10 @@
 --
 -- Storage: the counter's key holds At, Debt and Per (three integers, see
 -- parse_state in lib.lua) and expires when the bucket is full again,
--- ceil(Debt/Per) ms after At; a full bucket is deleted. KEYS, ARGV: none of
--- its own; the driver passes the key. State table: {at, debt, per}.
+-- ceil(Debt/Per) ms after At; a refund that empties it deletes it. KEYS,
+-- ARGV: none of its own; the driver passes the key. State table: {at, debt,
+-- per}, and in a state decide made, its reset (ceil(Debt/Per), At being the
+-- instant it decided at) as a fourth entry, which store uses as the expiry.
 --
 -- Exactness: B·W < 2^53 (checked in Go). Rescaling after a change of L is
 -- exact while (Debt mod Per)·L < 2^53.
@@ -110,33 +112,16 @@ function token_bucket.decide(s, now, w, l, cap, c, consume)
     end
   end
   if ok and consume then
-    return ok, rem, reset, retry, {now, rel, l}
+    return ok, rem, reset, retry, {now, rel, l, reset}
   end
   return ok, rem, reset, retry
 end
 
--- store writes state s, decided at now over the stored state o: the key
--- expires when the bucket is full again, and a full bucket is deleted.
+-- store writes state s, which decide made at now over the stored state o:
+-- the key expires when the bucket is full again, s[4] ms from now (at least
+-- 1, since decide consumed).
 function token_bucket.store(key, w, s, o, now)
-  local at, debt, per = s[1], s[2], s[3]
-  local ms = 0
-  if debt ~= 0 then
-    local q = floor(debt / per) -- cdiv(debt, per)
-    if q * per > debt then
-      q = q - 1
-    elseif (q + 1) * per <= debt then
-      q = q + 1
-    end
-    if q * per < debt then
-      q = q + 1
-    end
-    ms = at + q - now
-  end
-  if ms <= 0 then
-    rcall('DEL', key)
-    return
-  end
-  rcall('SET', key, pack(state_format, at, debt, per), 'PX', format('%d', ms + ttl_slack))
+  rcall('SET', key, pack(state_format, s[1], s[2], s[3]), 'PX', format('%d', s[4] + ttl_slack))
 end
 
 -- refund takes back c hits admitted at now with limit l (Cluster: another
