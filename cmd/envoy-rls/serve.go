@@ -100,14 +100,14 @@ func parseServeFlags(args []string, stderr io.Writer, lookupEnv func(string) (st
 // thousand requests. With a dynamic window (0) grpc-go estimates the
 // bandwidth-delay product by sending a PING whenever data arrives and no
 // PING is in flight: nearly one per request at a moderate rate, which the
-// client must answer (README, Performance).
+// client must answer (docs/performance.md, "What made the difference").
 const defaultConnWindow = 1 << 20
 
 // defaultGCPercent is --runtime.gc-percent's default. envoy-rls keeps a few
 // MB live and allocates on every request, so at Go's default GOGC of 100 it
 // collects dozens of times a second under load; at 400 it collected a sixth
 // as often, for about 10 MB more memory and 15–30% less CPU per request
-// (README, Performance).
+// (docs/performance.md, "The GC setting").
 const defaultGCPercent = 400
 
 // applyGCPercent sets the collector's GOGC through set (debug.SetGCPercent)

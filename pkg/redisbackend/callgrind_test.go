@@ -12,12 +12,13 @@ import (
 	"github.com/envoy-rls/envoy-rls/internal/testenv"
 )
 
-// TestCallgrindCheckScript runs scripts/callgrind-check.sh (the README's
-// instruction counts come from it) for both mixes, with 1 and with 4 Checks
-// per call. Its counts are exact, so the test can hold them to what
-// coalescing promises: a Check costs Redis fewer instructions in a call of 4
-// than alone (the call, the MGET and the shared route counter are paid once
-// per call); and a Check of four limits costs more than one of three.
+// TestCallgrindCheckScript runs scripts/callgrind-check.sh (the instruction
+// counts in the README and docs/performance.md come from it) for both mixes,
+// with 1 and with 4 Checks per call. Its counts are exact, so the test can
+// hold them to what coalescing promises: a Check costs Redis fewer
+// instructions in a call of 4 than alone (the call, the MGET and the shared
+// route counter are paid once per call); and a Check of four limits costs
+// more than one of three.
 func TestCallgrindCheckScript(t *testing.T) {
 	for _, tool := range []string{"valgrind", "callgrind_control", "callgrind_annotate"} {
 		if _, err := exec.LookPath(tool); err != nil {

@@ -66,7 +66,8 @@ import (
 // default) makes every slot start a call at once, as many at a time as there
 // are slots: one call at a time carries more Checks and spares Redis CPU, but
 // a Check that arrives during a call waits for its end, which lengthens the
-// tail at a moderate rate (measured in the README's Redis section).
+// tail at a moderate rate (measured in docs/performance.md, "Coalescing:
+// slots and spares").
 //
 // Deadlines: a Check's deadline is the soonest of its context's,
 // Options.Timeout from its start and the one CheckBy was given, and a call is

@@ -168,8 +168,8 @@ local window_max, window_max_count = {}, 0
 -- It runs for every counter of every call, so parse_state is written out in
 -- it (as helpers are in the windows' decide and store), and its bounds take
 -- no division: a Lua function call, math.floor's included, costs Redis
--- several hundred instructions, more than the arithmetic (README,
--- Performance).
+-- several hundred instructions, more than the arithmetic
+-- (docs/performance.md, "Redis instructions").
 local function load_windowed(key, w, now, v)
   if v and #v == 24 then
     local x, y, z = unpack_state(state_format, v)
