@@ -80,9 +80,12 @@ import (
 // reports limiter.ErrUnavailable, and its group may still be decided (and
 // counted) by that call, as with a reply lost on the network. A group whose
 // deadline has passed before its call is built is not sent. A caller lent a
-// slot after its context ended passes the slot on instead of leading. A
-// leader waits for its own call even when its context is canceled
-// meanwhile: the call is bounded by the leader's deadline like any other.
+// slot after its context ended or its deadline passed passes the slot on
+// instead of leading. A leader waits for its own call even when its context
+// is canceled meanwhile: the call is bounded by the leader's deadline like
+// any other. (A leader whose context ends in the microseconds between
+// taking the lead and building the call is left out of the call it still
+// sends for the others, and waits for it until their earliest deadline.)
 //
 // Shared fate: a call that fails (its earliest deadline passes, the
 // connection breaks, Redis refuses the script for being out of memory)
@@ -250,7 +253,7 @@ func (c *coalescer) check(ctx context.Context, deadline time.Time, reqs []limite
 		j.queued = true
 		c.queue = append(c.queue, j)
 		c.armExpiry(deadline)
-		c.lendHead(bt)
+		c.lendHead(bt, now)
 		c.mu.Unlock()
 	default:
 		j.queued = true
@@ -276,8 +279,8 @@ func (c *coalescer) check(ctx context.Context, deadline time.Time, reqs []limite
 		}
 		// Lent a slot: lead the next call, j first.
 		j.lead = nil
-		if !c.takeLead(ctx, bt, j) {
-			return unavailable(ctx, "check script", ctx.Err())
+		if err := c.takeLead(ctx, bt, j); err != nil {
+			return unavailable(ctx, "check script", err)
 		}
 	}
 	defer c.put(j)
@@ -368,19 +371,25 @@ func (b *Backend) finish(ctx context.Context, deadline time.Time, reqs []limiter
 }
 
 // takeLead has j's caller, lent slot bt, lead the next call, unless its
-// context has ended meanwhile: then bt goes on to the next queued job, so
-// that the caller does not wait for a call of others' Checks past its own
-// deadline, and j goes back to the pool. It reports whether the caller led.
-func (c *coalescer) takeLead(ctx context.Context, bt *batch, j *job) bool {
+// context has ended or its deadline has passed meanwhile (a slot can be lent
+// to a queued job an instant after its deadline, before the expiry timer
+// answers it): then bt goes on to the next queued job, so that the caller
+// does not wait for a call of others' Checks past its own deadline, and j
+// goes back to the pool. It returns nil if the caller led, else why not.
+func (c *coalescer) takeLead(ctx context.Context, bt *batch, j *job) error {
 	c.mu.Lock()
-	if ctx.Err() != nil {
+	err := ctx.Err()
+	if err == nil && !j.deadline.IsZero() && !time.Now().Before(j.deadline) {
+		err = context.DeadlineExceeded
+	}
+	if err != nil {
 		c.pass(bt, c.clock())
 		c.mu.Unlock()
 		c.put(j)
-		return false
+		return err
 	}
 	c.lead(bt, j)
-	return true
+	return nil
 }
 
 // withdraw takes j back for its caller, whose context has ended, if no call
@@ -451,7 +460,7 @@ func (c *coalescer) pass(bt *batch, now time.Time) {
 		c.lent.Done()
 	case len(c.queue) > 0 && !now.Before(c.spareAt()):
 		c.start(bt, now)
-		c.lendHead(bt)
+		c.lendHead(bt, now)
 	default:
 		c.idle = append(c.idle, bt)
 		c.lent.Done()
@@ -459,14 +468,18 @@ func (c *coalescer) pass(bt *batch, now time.Time) {
 	}
 }
 
-// lendHead lends slot bt, lent out, to the oldest queued job, whose caller
-// wakes to lead the next call. It is called with c.mu held.
-func (c *coalescer) lendHead(bt *batch) {
+// lendHead lends slot bt, lent out at now, to the oldest queued job, whose
+// caller wakes to lead the next call. The jobs still queued (more than one
+// call carries, or that arrived meanwhile) get the spare timer in turn, so
+// that they too wait no longer than spareAfter for a slot while one is idle.
+// It is called with c.mu held.
+func (c *coalescer) lendHead(bt *batch, now time.Time) {
 	q := c.queue[0]
 	c.dequeue(1)
 	q.queued = false
 	q.lead = bt
 	q.done <- struct{}{}
+	c.armSpare(now)
 }
 
 // spareAt returns the instant from which another slot may start a call:
@@ -543,7 +556,7 @@ func (c *coalescer) lendSpare() {
 		return
 	}
 	if bt := c.takeIdle(now); bt != nil {
-		c.lendHead(bt)
+		c.lendHead(bt, now)
 		return
 	}
 	c.armSpare(now)

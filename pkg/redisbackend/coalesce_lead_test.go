@@ -143,8 +143,8 @@ func TestCoalescerWithdrawLentSlot(t *testing.T) {
 	ended, cancel := context.WithCancel(context.Background())
 	cancel()
 	calls := b.CallStats().Calls
-	if c.takeLead(ended, bt, j5) {
-		t.Fatal("takeLead with an ended context = true, want false")
+	if err := c.takeLead(ended, bt, j5); !errors.Is(err, context.Canceled) {
+		t.Fatalf("takeLead with an ended context = %v, want context.Canceled", err)
 	}
 	c.mu.Lock()
 	lead = j6.lead
@@ -160,6 +160,41 @@ func TestCoalescerWithdrawLentSlot(t *testing.T) {
 	}
 	if n, idle := c.occupancy(); n != 0 || idle != 1 {
 		t.Fatalf("after the declined loan: %d queued, %d slots idle; want 0 and 1", n, idle)
+	}
+
+	// So does one whose own deadline (CheckBy's, or Options.Timeout's) has
+	// passed while its context lives on: the slot can reach it an instant
+	// before the expiry timer does. Leading, it would wait for a call of
+	// the others' Checks, bounded by their deadlines, past its own.
+	j7, j8 := newJob(), newJob()
+	j7.deadline = time.Now().Add(-time.Millisecond)
+	// Both carry a real group, so that a regression (j7 leading) sends a
+	// well-formed call, and the test fails instead of hanging.
+	late := []limiter.Request{{Key: key(t.Name(), "late"), Limit: limiter.Limit{Requests: 100, Window: time.Hour}, Hits: 1}}
+	j7.encode(b, late)
+	j8.encode(b, late)
+	bt = lend(j7, j8)
+	<-j7.done
+	j7.lead = nil
+	if err := c.takeLead(context.Background(), bt, j7); !errors.Is(err, context.DeadlineExceeded) {
+		// Not fatal: the slot reached j8 either way, and the checks below
+		// give it back, so that Close does not wait for it forever.
+		t.Errorf("takeLead past the job's deadline = %v, want context.DeadlineExceeded", err)
+	}
+	c.mu.Lock()
+	lead = j8.lead
+	c.mu.Unlock()
+	if lead != bt {
+		t.Fatalf("after a caller past its deadline declined: next job lent %p, want %p", lead, bt)
+	}
+	if n := b.CallStats().Calls; n != calls {
+		t.Errorf("%d calls sent by a caller past its deadline, want 0", n-calls)
+	}
+	if !c.withdraw(j8) {
+		t.Fatal("withdraw of the job lent the slot declined past a deadline = false, want true")
+	}
+	if n, idle := c.occupancy(); n != 0 || idle != 1 {
+		t.Fatalf("after the loan declined past a deadline: %d queued, %d slots idle; want 0 and 1", n, idle)
 	}
 	req := []limiter.Request{{Key: key(t.Name()), Limit: limiter.Limit{Requests: 100, Window: time.Hour}, Hits: 1}}
 	if err := b.Check(context.Background(), req, make([]limiter.Result, 1)); err != nil {
@@ -269,5 +304,89 @@ func cancelStorm(t *testing.T, b *Backend, reqs []limiter.Request) {
 			t.Errorf("counter %d: %d hits counted for %d admitted Checks and %d canceled ones", i, got, ok.Load(), failed.Load())
 		}
 		t.Logf("counter %d: %d admitted, %d canceled, %d counted", i, ok.Load(), failed.Load(), got)
+	}
+}
+
+// TestSpareTimerRearmedAfterLending: with three slots, a call in flight
+// older than SpareAfter and three Checks queued, the spare timer lends a
+// second slot to the oldest Check and is set again for the others, so that
+// they too wait no longer than SpareAfter while a slot is idle: it lends the
+// third slot to the next Check without any other event (no Check arriving,
+// no call ending). Before, the Checks behind a spare that stalled as well
+// waited for the next arrival or the end of a call.
+func TestSpareTimerRearmedAfterLending(t *testing.T) {
+	r := testenv.RedisServer(t)
+	b, err := New(Options{URL: "redis://" + r.Addr, Timeout: testTimeout, Senders: 3, SpareAfter: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	c := b.co
+	jobs := make([]*job, 3)
+	c.mu.Lock()
+	// A call in flight for a second: slot a, lent out, started then.
+	a := c.takeIdle(time.Now())
+	if a == nil {
+		c.mu.Unlock()
+		t.Fatal("no idle slot at the start")
+	}
+	a.start = time.Now().Add(-time.Second)
+	for i := range jobs {
+		j := c.pool.Get().(*job)
+		j.ctx = context.Background()
+		j.state.Store(jobPending)
+		j.queued = true
+		c.queue = append(c.queue, j)
+		jobs[i] = j
+	}
+	c.mu.Unlock()
+
+	c.lendSpare() // as the timer does when a's call has taken SpareAfter
+	<-jobs[0].done
+	c.mu.Lock()
+	first, armed := jobs[0].lead, c.spareArmed
+	c.mu.Unlock()
+	if first == nil || first == a {
+		t.Fatalf("the spare timer lent %p to the oldest Check, want an idle slot", first)
+	}
+	if !armed {
+		t.Error("the spare timer was not set again for the Checks still queued")
+	}
+	// The third slot reaches the next Check SpareAfter after the second
+	// slot's call started, through the timer alone. (The bound only keeps
+	// a regression from hanging the test: the timer is due in 20 ms.)
+	woken := 1
+	select {
+	case <-jobs[1].done:
+		woken = 2
+		c.mu.Lock()
+		second, queued := jobs[1].lead, len(c.queue)
+		c.mu.Unlock()
+		if second == nil || second == a || second == first {
+			t.Errorf("the re-set timer lent %p to the next Check, want the third slot", second)
+		}
+		if queued != 1 {
+			t.Errorf("%d Checks queued after two loans, want 1", queued)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("the next Check got no slot while one was idle and the calls in flight were older than SpareAfter")
+	}
+
+	// Give everything back: the Checks withdraw (the lent ones with the
+	// loan's signal put back, as if their callers had not read it), and a's
+	// call ends.
+	for i := len(jobs) - 1; i >= 0; i-- {
+		if i < woken {
+			jobs[i].done <- struct{}{}
+		}
+		if !c.withdraw(jobs[i]) {
+			t.Fatalf("withdraw of Check %d = false, want true", i)
+		}
+	}
+	c.mu.Lock()
+	c.pass(a, time.Now())
+	c.mu.Unlock()
+	if n, idle := c.occupancy(); n != 0 || idle != 3 {
+		t.Fatalf("afterwards: %d queued, %d slots idle; want 0 and 3", n, idle)
 	}
 }
