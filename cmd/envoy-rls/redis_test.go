@@ -2,13 +2,19 @@ package main
 
 import (
 	"context"
+	"math"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	commonrl "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/envoy-rls/envoy-rls/internal/testenv"
 )
@@ -95,5 +101,69 @@ descriptors:
 	redis.Start()
 	if code := get("/readyz"); code != http.StatusOK {
 		t.Errorf("/readyz = %d after Redis came back", code)
+	}
+}
+
+// TestServeOnRedisHostileCounts: counts from the request that Redis's exact
+// arithmetic cannot hold get the answers the README promises, on the Redis
+// backend as on the memory one, not an Internal error (which Envoy would
+// treat by its failure mode, by default letting the request through): a
+// descriptor's hits_addend beyond every capacity (up to 2^64−1, perhaps from
+// a client's header) is denied and consumes nothing; a limit override whose
+// requests × window exceeds 2^53 ms, or whose window overflows, is
+// InvalidArgument.
+func TestServeOnRedisHostileCounts(t *testing.T) {
+	redis := testenv.RedisServer(t)
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "h.yaml"), `
+domain: h
+descriptors:
+  - key: k
+    rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: tb
+    rate_limit: {unit: hour, requests_per_unit: 5, algorithm: token_bucket, burst: 7}
+`)
+	o := serveOptions{configDir: dir}
+	o.store.redisURL = "redis://" + redis.Addr
+	o.store.redisTimeout = time.Second
+	o.store.redisFunctions = true
+	o.store.fallbackInstances = 1
+	r := startServe(t, o)
+	ctx := context.Background()
+	for _, c := range []struct{ key, value string }{{"k", "a"}, {"tb", "a"}} {
+		for _, hits := range []uint64{1 << 53, math.MaxUint64} {
+			d := desc(c.key, c.value)
+			d.HitsAddend = wrapperspb.UInt64(hits)
+			resp, err := r.client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "h", Descriptors: []*commonrl.RateLimitDescriptor{d}})
+			if err != nil {
+				t.Fatalf("%s: hits_addend %d: %v, want OVER_LIMIT", c.key, hits, err)
+			}
+			if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+				t.Errorf("%s: hits_addend %d: %v, want OVER_LIMIT", c.key, hits, resp.OverallCode)
+			}
+		}
+		// Nothing was consumed: the whole capacity is still there.
+		resp, err := r.client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "h", Descriptors: []*commonrl.RateLimitDescriptor{desc(c.key, c.value)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := uint32(4) // 5 an hour, one hit just taken
+		if c.key == "tb" {
+			want = 6 // a burst of 7
+		}
+		if st := resp.Statuses[0]; resp.OverallCode != rlsv3.RateLimitResponse_OK || st.LimitRemaining != want {
+			t.Errorf("%s: after the denied requests: %v with %d remaining, want OK with %d", c.key, resp.OverallCode, st.LimitRemaining, want)
+		}
+	}
+	for _, ov := range []*commonrl.RateLimitDescriptor_RateLimitOverride{
+		{RequestsPerUnit: 1_000_000, Unit: typev3.RateLimitUnit_YEAR},                                             // 3.2e16 > 2^53
+		{RequestsPerUnit: 10, Unit: typev3.RateLimitUnit_YEAR, UnitMultiplier: wrapperspb.UInt32(math.MaxUint32)}, // beyond a Duration
+	} {
+		d := desc("k", "b")
+		d.Limit = ov
+		_, err := r.client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "h", Descriptors: []*commonrl.RateLimitDescriptor{d}})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "descriptors[0].limit") {
+			t.Errorf("override %v: %v, want InvalidArgument naming descriptors[0].limit", ov, err)
+		}
 	}
 }

@@ -390,7 +390,7 @@ func (s *Service) plan(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, sc 
 			sc.key = limiter.AppendKeyPart(sc.key, "") // no rule has an empty ID
 			sc.key = appendEntries(sc.key, d)
 			sc.reqs = append(sc.reqs, limiter.Request{
-				Limit: lim, Hits: hits, Shadow: s.shadow || refund, FailureMode: fm,
+				Limit: lim, Hits: beyond(hits, lim), Shadow: s.shadow || refund, FailureMode: fm,
 			})
 			sc.meta = append(sc.meta, reqMeta{
 				desc: i, rule: ds.rule, ruleName: ruleName, name: ruleName,
@@ -411,7 +411,7 @@ func (s *Service) plan(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, sc 
 				unit, mult := reportedUnit(l)
 				q := limiter.Request{
 					Limit:       l.Limit,
-					Hits:        hits,
+					Hits:        beyond(hits, l.Limit),
 					Shadow:      s.shadow || r.ShadowMode || refund,
 					FailureMode: l.FailureMode,
 				}
@@ -420,7 +420,9 @@ func (s *Service) plan(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, sc 
 					// a one-request limit holds is denied by every backend
 					// without consuming, so the batch stays all-or-nothing
 					// and one store call; unblock restores what is reported.
-					q.Limit.Requests, q.Hits = 1, 2
+					// Without a burst: a token bucket's burst is its
+					// capacity, which would hold the two hits.
+					q.Limit.Requests, q.Limit.Burst, q.Hits = 1, 0, 2
 				}
 				sc.reqs = append(sc.reqs, q)
 				sc.meta = append(sc.meta, reqMeta{
@@ -446,6 +448,19 @@ func (s *Service) plan(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, sc 
 	}
 	sc.res = sc.res[:len(sc.reqs)]
 	clear(sc.res)
+}
+
+// beyond returns hits, or one more than l's capacity when hits exceed it:
+// every algorithm denies any number of hits beyond the capacity alike,
+// consuming nothing, and a descriptor's hits_addend (up to 2^64−1, perhaps
+// from a client's header) must not reach a store whose arithmetic is exact
+// only below 2^53, which would refuse it and leave the request to Envoy's
+// failure mode.
+func beyond(hits uint64, l limiter.Limit) uint64 {
+	if c := l.Capacity(); hits > c {
+		return c + 1
+	}
+	return hits
 }
 
 // unblock restores the reported limit of every blocked limit after Check:

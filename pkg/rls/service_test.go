@@ -877,38 +877,50 @@ func TestSFString(t *testing.T) {
 
 // TestBlockedLimit: requests_per_unit: 0, envoyproxy/ratelimit's way to
 // block a value, denies every request, reports a limit of 0, and consumes
-// nothing from the other limits of the request.
+// nothing from the other limits of the request, whatever the blocked limit's
+// algorithm: a token bucket's burst, which sets its capacity, does not let
+// the stand-in request through either.
 func TestBlockedLimit(t *testing.T) {
-	e := newEnv(t, map[string]string{"b.yaml": `
+	for _, blocked := range []string{
+		`{unit: minute, requests_per_unit: 0}`,
+		`{unit: minute, requests_per_unit: 0, algorithm: fixed_window}`,
+		`{unit: minute, requests_per_unit: 0, algorithm: sliding_log}`,
+		`{unit: minute, requests_per_unit: 0, algorithm: token_bucket}`,
+		`{unit: minute, requests_per_unit: 0, algorithm: token_bucket, burst: 5}`,
+	} {
+		t.Run(blocked, func(t *testing.T) {
+			e := newEnv(t, map[string]string{"b.yaml": `
 domain: b
 descriptors:
   - key: ip
     value: 50.0.0.5
-    rate_limit: {unit: minute, requests_per_unit: 0}
+    rate_limit: ` + blocked + `
   - key: ip
     rate_limit: {name: per_ip, unit: minute, requests_per_unit: 2}
   - key: user
     rate_limit: {name: per_user, unit: minute, requests_per_unit: 2}
 `}, Options{})
-	for i := range 3 {
-		resp := e.must(request("b", desc("ip", "50.0.0.5"), desc("user", "u")))
-		blocked := resp.Statuses[0]
-		if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || blocked.Code != rlsv3.RateLimitResponse_OVER_LIMIT ||
-			blocked.CurrentLimit.GetRequestsPerUnit() != 0 || blocked.LimitRemaining != 0 {
-			t.Fatalf("request %d: %v", i, resp)
-		}
-		if ra, _ := header(resp, "Retry-After"); ra != "60" {
-			t.Errorf("request %d: Retry-After %q, want 60", i, ra)
-		}
-	}
-	// The blocked requests consumed nothing from per_user: 2 remain.
-	for i := range 2 {
-		resp := e.must(request("b", desc("ip", "50.0.0.6"), desc("user", "u")))
-		if resp.OverallCode != rlsv3.RateLimitResponse_OK {
-			t.Fatalf("unblocked request %d: %v", i, resp)
-		}
-	}
-	if resp := e.must(request("b", desc("user", "u"))); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
-		t.Errorf("per_user admitted a third request: %v", resp)
+			for i := range 3 {
+				resp := e.must(request("b", desc("ip", "50.0.0.5"), desc("user", "u")))
+				st := resp.Statuses[0]
+				if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || st.Code != rlsv3.RateLimitResponse_OVER_LIMIT ||
+					st.CurrentLimit.GetRequestsPerUnit() != 0 || st.LimitRemaining != 0 {
+					t.Fatalf("request %d: %v", i, resp)
+				}
+				if ra, _ := header(resp, "Retry-After"); ra != "60" {
+					t.Errorf("request %d: Retry-After %q, want 60", i, ra)
+				}
+			}
+			// The blocked requests consumed nothing from per_user: 2 remain.
+			for i := range 2 {
+				resp := e.must(request("b", desc("ip", "50.0.0.6"), desc("user", "u")))
+				if resp.OverallCode != rlsv3.RateLimitResponse_OK {
+					t.Fatalf("unblocked request %d: %v", i, resp)
+				}
+			}
+			if resp := e.must(request("b", desc("user", "u"))); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+				t.Errorf("per_user admitted a third request: %v", resp)
+			}
+		})
 	}
 }

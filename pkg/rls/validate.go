@@ -3,6 +3,8 @@ package rls
 import (
 	"errors"
 	"fmt"
+	"math"
+	"time"
 	"unicode/utf8"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -12,6 +14,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/envoy-rls/envoy-rls/pkg/descriptors"
 )
 
 // invalid returns the InvalidArgument error for a bad field.
@@ -95,8 +99,24 @@ func checkOverride(i int, o *ratelimitv3.RateLimitDescriptor_RateLimitOverride) 
 	if overrideUnitSeconds(o.Unit) == 0 {
 		return invalid("descriptors[%d].limit.unit: %v is not a known unit", i, o.Unit)
 	}
-	if o.UnitMultiplier != nil && o.UnitMultiplier.Value == 0 {
-		return invalid("descriptors[%d].limit.unit_multiplier: must be positive", i)
+	mult := uint64(1)
+	if o.UnitMultiplier != nil {
+		if o.UnitMultiplier.Value == 0 {
+			return invalid("descriptors[%d].limit.unit_multiplier: must be positive", i)
+		}
+		mult = uint64(o.UnitMultiplier.Value)
+	}
+	// The same bounds as a limit in the configuration (descriptors): a
+	// window a time.Duration holds, and requests × window in ms within the
+	// integers Redis's Lua numbers hold exactly. (unit seconds × multiplier
+	// is below 2^25 × 2^32: no overflow.)
+	secs := uint64(overrideUnitSeconds(o.Unit)) * mult
+	if secs > uint64(math.MaxInt64/int64(time.Second)) {
+		return invalid("descriptors[%d].limit: a window of %d × %v is longer than %v", i, mult, o.Unit, time.Duration(math.MaxInt64).Truncate(time.Hour))
+	}
+	if ms := secs * 1000; uint64(o.RequestsPerUnit) > descriptors.MaxRequests/ms {
+		return invalid("descriptors[%d].limit: %d requests per %d × %v exceed what envoy-rls counts exactly (requests × window in ms must not exceed %d)",
+			i, o.RequestsPerUnit, mult, o.Unit, int64(descriptors.MaxRequests))
 	}
 	return nil
 }

@@ -126,7 +126,14 @@ end
 
 -- refund takes back c hits admitted at now with limit l (Cluster: another
 -- slot denied): c·W ticks of 1/l ms, converted to the stored unit rounding
--- down, so a refund never returns more than was taken.
+-- down, less what the bucket has refilled since now. The stored debt is that
+-- of its last write at At; if At is later than now, the refill of At − now
+-- ms may already have paid off part or all of those hits' debt (the key may
+-- even have expired and been written anew), and taking them back in full
+-- would erase hits admitted since: the bucket would then admit its burst
+-- plus that refill. Without the refill's part the debt stays at least what
+-- every other admitted hit left, so a refund never returns more than was
+-- taken: under-admission for a moment at worst, never over-admission.
 function token_bucket.refund(key, w, c, l, now)
   local s = tb_parse(redis.call('GET', key), now)
   local at, debt, per = s[1], s[2], s[3]
@@ -136,6 +143,12 @@ function token_bucket.refund(key, w, c, l, now)
   local ticks = c * w
   if per ~= l then
     ticks = idiv(ticks * per, l)
+  end
+  if at > now then
+    ticks = ticks - (at - now) * per
+    if ticks <= 0 then
+      return
+    end
   end
   debt = math.max(0, debt - ticks)
   if debt == 0 then
