@@ -104,11 +104,11 @@ descriptors:
 	}
 }
 
-// TestServeOnRedisHostileCounts: counts from the request that Redis's exact
-// arithmetic cannot hold get the answers the README promises, on the Redis
-// backend as on the memory one, not an Internal error (which Envoy would
-// treat by its failure mode, by default letting the request through): a
-// descriptor's hits_addend beyond every capacity (up to 2^64−1, perhaps from
+// TestServeOnRedisHostileCounts: large counts get the answers the README
+// promises, on the Redis backend as on the memory one, not an Internal error
+// (which Envoy would treat by its failure mode, by default letting the
+// request through): a monthly quota of millions, whose count × window passes
+// 2^53 ms, is counted; a descriptor's hits_addend beyond every capacity (up to 2^64−1, perhaps from
 // a client's header) is denied and consumes nothing; a limit override whose
 // requests × window exceeds 2^53 ms, or whose window overflows, is
 // InvalidArgument.
@@ -122,6 +122,8 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 5}
   - key: tb
     rate_limit: {unit: hour, requests_per_unit: 5, algorithm: token_bucket, burst: 7}
+  - key: quota
+    rate_limit: {unit: month, requests_per_unit: 5000000}
 `)
 	o := serveOptions{configDir: dir}
 	o.store.redisURL = "redis://" + redis.Addr
@@ -154,6 +156,12 @@ descriptors:
 		if st := resp.Statuses[0]; resp.OverallCode != rlsv3.RateLimitResponse_OK || st.LimitRemaining != want {
 			t.Errorf("%s: after the denied requests: %v with %d remaining, want OK with %d", c.key, resp.OverallCode, st.LimitRemaining, want)
 		}
+	}
+	// A monthly quota of millions (count × window beyond 2^53 ms) is
+	// counted, not refused.
+	resp, err := r.client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "h", Descriptors: []*commonrl.RateLimitDescriptor{desc("quota", "a")}})
+	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != 4_999_999 {
+		t.Errorf("5,000,000 a month: %v, %v; want OK with 4,999,999 remaining", resp, err)
 	}
 	for _, ov := range []*commonrl.RateLimitDescriptor_RateLimitOverride{
 		{RequestsPerUnit: 1_000_000, Unit: typev3.RateLimitUnit_YEAR},                                             // 3.2e16 > 2^53

@@ -1,6 +1,6 @@
 package algorithm
 
-import "math"
+import "math/bits"
 
 // SlidingWindow is the two-counter sliding window (after Cloudflare): Limit
 // hits per Window milliseconds (both > 0), buckets aligned to the epoch.
@@ -8,9 +8,11 @@ import "math"
 // At now, b = floor(now/W), elapsed = now − b·W, cur = count[b],
 // prev = count[b−1] and the weight of the previous bucket is
 //
-//	pw = ceil(float64(prev) * float64(W−elapsed) / float64(W))
+//	pw = ceil(prev·(W−elapsed)/W)
 //
-// (float64 multiply, then divide, then ceil, as the Lua script computes it).
+// exactly, in integers (the Lua script computes it in doubles while prev·W <
+// 2^53, where multiply, divide and ceil are exact, and by long division
+// beyond: a monthly limit of millions reaches that).
 // Hits c are admitted iff cur + pw + c ≤ Limit, and then cur += c.
 //
 // Bound: the estimate never admits more than Limit in one aligned bucket,
@@ -54,13 +56,21 @@ func (a SlidingWindow) counts(s SlidingWindowState, now int64) (b int64, cur, pr
 	return b, 0, 0
 }
 
-// weight is ceil(prev·(W−elapsed)/W) computed in float64 in the order of
-// the Lua script.
+// weight is ceil(prev·(W−elapsed)/W) = prev − floor(prev·elapsed/W), in
+// 128-bit integers: prev·elapsed can exceed 2^64 (a limit of billions a
+// year).
 func (a SlidingWindow) weight(prev uint64, elapsed int64) uint64 {
-	if prev == 0 {
-		return 0
+	if prev == 0 || elapsed == 0 {
+		return prev
 	}
-	return uint64(math.Ceil(float64(prev) * float64(a.Window-elapsed) / float64(a.Window)))
+	return prev - mulDiv(prev, uint64(elapsed), uint64(a.Window))
+}
+
+// mulDiv returns floor(x·y/m) for x·y/m < 2^64 (e.g. y < m), with m > 0.
+func mulDiv(x, y, m uint64) uint64 {
+	hi, lo := bits.Mul64(x, y)
+	q, _ := bits.Div64(hi, lo, m)
+	return q
 }
 
 // admits is the admission predicate at now on counts (b, cur, prev) of the
@@ -118,10 +128,10 @@ func (a SlidingWindow) retryAt(b int64, cur, prev uint64, now int64, c uint64) i
 	// Earliest elapsed e in a bucket with counts (cu, pr) so that
 	// ceil(pr·(W−e)/W) ≤ r, i.e. e ≥ W − floor(r·W/pr).
 	earliest := func(pr, r uint64) int64 {
-		if pr == 0 {
+		if pr == 0 || r >= pr {
 			return 0
 		}
-		return w - int64(r*uint64(w)/pr)
+		return w - int64(mulDiv(r, uint64(w), pr)) // r < pr: below W
 	}
 	inThis := false
 	if cur+c <= a.Limit {

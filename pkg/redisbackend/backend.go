@@ -22,6 +22,10 @@ const injectedClockSlack = time.Hour
 // every integer exactly.
 const maxExact = 1 << 53
 
+// maxWindowCount bounds a window counter's limit (count_max in lua/lib.lua):
+// a count, the previous bucket's weight and the hits add up below 2^53.
+const maxWindowCount = 1 << 51
+
 // Backend is a limiter.Limiter on Redis. It is safe for concurrent use.
 type Backend struct {
 	client  redis.UniversalClient
@@ -317,11 +321,34 @@ func validate(reqs []limiter.Request, results []limiter.Result) error {
 		if err := r.Limit.Validate(); err != nil {
 			return fmt.Errorf("request %d: %w", i, err)
 		}
-		w := uint64(r.Limit.Window.Milliseconds())
-		if r.Limit.Requests >= maxExact/w || r.Limit.Capacity() >= maxExact/w || r.Hits >= maxExact {
-			return fmt.Errorf("%w: request %d: limit %d (burst %d) per %v or %d hits exceed the exact range of the Redis scripts (limit·window_ms < 2^53)",
-				limiter.ErrInvalid, i, r.Limit.Requests, r.Limit.Burst, r.Limit.Window, r.Hits)
+		if err := exactRange(r); err != nil {
+			return fmt.Errorf("%w: request %d: %w", limiter.ErrInvalid, i, err)
 		}
+	}
+	return nil
+}
+
+// exactRange reports whether the scripts count r exactly. Windows hold
+// counts up to maxWindowCount whatever the window (their weight is computed
+// by long division where count·W exceeds 2^53). A token bucket counts in
+// ticks of 1/limit ms, so burst·W must stay below 2^53 (the configuration
+// checks it too), and a sliding log (its limit capped far lower in the
+// configuration) keeps limit·W below 2^53 as well.
+func exactRange(r *limiter.Request) error {
+	w := uint64(r.Limit.Window.Milliseconds())
+	switch r.Limit.Algorithm {
+	case limiter.SlidingWindow, limiter.FixedWindow:
+		if r.Limit.Requests >= maxWindowCount && r.Limit.Requests >= maxExact/w {
+			return fmt.Errorf("limit %d per %v exceeds the exact range of the Redis scripts (2^51)", r.Limit.Requests, r.Limit.Window)
+		}
+	default:
+		if r.Limit.Requests >= maxExact/w || r.Limit.Capacity() >= maxExact/w {
+			return fmt.Errorf("%v of %d per %v (burst %d) exceeds the exact range of the Redis scripts (limit·window_ms < 2^53)",
+				r.Limit.Algorithm, r.Limit.Requests, r.Limit.Window, r.Limit.Burst)
+		}
+	}
+	if r.Hits >= maxExact {
+		return fmt.Errorf("%d hits exceed the exact range of the Redis scripts (2^53)", r.Hits)
 	}
 	return nil
 }

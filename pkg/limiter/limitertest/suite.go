@@ -125,9 +125,16 @@ func limitsFor(alg limiter.Algorithm) []limiter.Limit {
 		{Algorithm: alg, Requests: 3, Window: 10 * time.Millisecond},
 		{Algorithm: alg, Requests: 1000, Window: time.Minute},
 	}
-	if alg == limiter.TokenBucket {
+	switch alg {
+	case limiter.TokenBucket:
 		ls = append(ls, limiter.Limit{Algorithm: alg, Requests: 3, Burst: 11, Window: time.Second},
 			limiter.Limit{Algorithm: alg, Requests: 9, Burst: 2, Window: 700 * time.Millisecond})
+	case limiter.SlidingWindow, limiter.FixedWindow:
+		// Counts whose products with the window pass 2^53 (the Lua
+		// scripts' exact doubles) and 2^64: 5 million a month, as an API
+		// plan's quota, and 3 billion a year.
+		ls = append(ls, limiter.Limit{Algorithm: alg, Requests: 5_000_000, Window: 30 * 24 * time.Hour},
+			limiter.Limit{Algorithm: alg, Requests: 3_000_000_000, Window: 365 * 24 * time.Hour})
 	}
 	return ls
 }

@@ -126,6 +126,34 @@ local empty_state = {-1, 0, 0}
 -- arithmetic is exact.
 local exact = 9007199254740992
 
+-- mul_div_floor returns floor(a·b/m) exactly for integers 0 <= a < 2^53, 0
+-- <= b < m and 0 < m < 2^44 (a window in ms), where a·b may exceed 2^53 (a
+-- double would round it): a sliding window's weight when count·W >= 2^53 (a
+-- monthly limit of millions). Long division in base d = floor(2^52/m), in
+-- which every partial value rem·d + digit·b stays below 2^53; at most seven
+-- digits. Called only off the hot path's exact case.
+local function mul_div_floor(a, b, m)
+  if a * b < exact then
+    return idiv(a * b, m)
+  end
+  local d = floor(4503599627370496 / m)
+  local digits, n = {}, 0
+  while a > 0 do
+    local q = idiv(a, d)
+    n = n + 1
+    digits[n] = a - q * d
+    a = q
+  end
+  local q, rem = 0, 0
+  for i = n, 1, -1 do
+    local v = rem * d + digits[i] * b
+    local qi = idiv(v, m)
+    q = q * d + qi
+    rem = v - qi * m
+  end
+  return q
+end
+
 -- ahead_max (ms, 366 days) is how far a stored counter's time (the start of
 -- its bucket, a token bucket's last write) may lie ahead of the clock deciding
 -- on it. Instances' and Redis' clocks disagree by seconds and a clock may step
@@ -151,19 +179,23 @@ local function parse_state(v, max_x, max_yz)
   return empty_state
 end
 
--- window_max caches floor(exact / w) - 2 by window w: the largest bucket or
--- count of a window counter whose products with w stay exact (see
--- load_windowed). Windows come from the configured rules, so few recur; it
+-- window_max caches floor(exact / w) - 2 by window w: the largest bucket of
+-- a window counter whose products with w stay exact (see load_windowed). Windows come from the configured rules, so few recur; it
 -- is emptied at 1024 entries, which bounds its memory. As a Redis Function
 -- the library's locals outlive the call (as a script, one call).
 local window_max, window_max_count = {}, 0
 
+-- count_max (2^51) bounds a window counter's counts: three of them (the
+-- count, the previous bucket's weight and the hits) add up below 2^53.
+local count_max = 2251799813685248
+
 -- load_windowed is the load of the window counters (key, w, now, v): the
 -- state stored as v (the key's MGET value, false if absent), read at now for
 -- a window of w ms. It is parse_state with a window's bounds: the bucket no
--- more than ahead_max ahead of now, and the bucket and counts small enough
--- that (b+2)·W and count·W are exact (the Go side rejects limits with
--- limit·W >= 2^53, so legitimate counts are far below).
+-- more than ahead_max ahead of now and small enough that (b+2)·W is exact,
+-- and the counts at most count_max (or the bucket's bound, when larger: W
+-- of 4 ms or less), so that sums of counts stay exact (the Go side rejects
+-- larger limits, so legitimate counts are below).
 --
 -- It runs for every counter of every call, so parse_state is written out in
 -- it (as helpers are in the windows' decide and store), and its bounds take
@@ -183,7 +215,11 @@ local function load_windowed(key, w, now, v)
     end
     -- x <= max makes x·w exact, so x·w <= now + ahead_max is exactly
     -- x <= idiv(now + ahead_max, w), without the division.
-    if x >= 0 and y >= 0 and z >= 0 and x <= max and y <= max and z <= max and x * w <= now + ahead_max then
+    local cmax = max
+    if cmax < count_max then
+      cmax = count_max
+    end
+    if x >= 0 and y >= 0 and z >= 0 and x <= max and y <= cmax and z <= cmax and x * w <= now + ahead_max then
       return {x, y, z}
     end
   end

@@ -10,12 +10,17 @@
 
 local sliding_window = {string_state = true} -- read with MGET
 
--- sw_weight is ceil(prev·(W−elapsed)/W), multiply then divide, in doubles.
+-- sw_weight is ceil(prev·(W−elapsed)/W): multiply then divide, in doubles,
+-- exact while prev·W < 2^53; beyond, prev − floor(prev·elapsed/W) by long
+-- division (mul_div_floor in lib.lua).
 local function sw_weight(prev, elapsed, w)
   if prev == 0 then
     return 0
   end
-  return ceil(prev * (w - elapsed) / w)
+  if prev * w < exact then
+    return ceil(prev * (w - elapsed) / w)
+  end
+  return prev - mul_div_floor(prev, elapsed, w)
 end
 
 -- sw_admits is the predicate at t on the counts (cur, prev) of bucket b.
@@ -87,9 +92,15 @@ function sliding_window.decide(s, now, w, l, cap, c, consume)
   elseif sb == b - 1 then
     prev = s[2]
   end
-  local pw = 0 -- sw_weight(prev, now - b * w, w)
+  -- pw is sw_weight(prev, now - b * w, w), written out but for counts
+  -- beyond 2^53 / W.
+  local pw = 0
   if prev ~= 0 then
-    pw = ceil(prev * (w - (now - b * w)) / w)
+    if prev * w < exact then
+      pw = ceil(prev * (w - (now - b * w)) / w)
+    else
+      pw = prev - mul_div_floor(prev, now - b * w, w)
+    end
   end
   local ok, retry = false, 0
   if c > l then
