@@ -108,9 +108,10 @@ descriptors:
 // promises, on the Redis backend as on the memory one, not an Internal error
 // (which Envoy would treat by its failure mode, by default letting the
 // request through): a monthly quota of millions, whose count × window passes
-// 2^53 ms, is counted; a descriptor's hits_addend beyond every capacity (up to 2^64−1, perhaps from
-// a client's header) is denied and consumes nothing; a limit override whose
-// requests × window exceeds 2^53 ms, or whose window overflows, is
+// 2^53 ms, is counted, and so is a limit override of that size on a window;
+// a descriptor's hits_addend beyond every capacity (up to 2^64−1, perhaps
+// from a client's header) is denied and consumes nothing; an override beyond
+// 2^53 requests·ms on a token bucket, or whose window overflows, is
 // InvalidArgument.
 func TestServeOnRedisHostileCounts(t *testing.T) {
 	redis := testenv.RedisServer(t)
@@ -163,15 +164,28 @@ descriptors:
 	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != 4_999_999 {
 		t.Errorf("5,000,000 a month: %v, %v; want OK with 4,999,999 remaining", resp, err)
 	}
-	for _, ov := range []*commonrl.RateLimitDescriptor_RateLimitOverride{
-		{RequestsPerUnit: 1_000_000, Unit: typev3.RateLimitUnit_YEAR},                                             // 3.2e16 > 2^53
-		{RequestsPerUnit: 10, Unit: typev3.RateLimitUnit_YEAR, UnitMultiplier: wrapperspb.UInt32(math.MaxUint32)}, // beyond a Duration
+	// An override of a million a year (3.2e16 requests·ms) is counted on a
+	// sliding window rule, as the configuration's windows are.
+	d := desc("k", "c")
+	d.Limit = &commonrl.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1_000_000, Unit: typev3.RateLimitUnit_YEAR}
+	resp, err = r.client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "h", Descriptors: []*commonrl.RateLimitDescriptor{d}})
+	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != 999_999 {
+		t.Errorf("override of 1,000,000 a year on a sliding window: %v, %v; want OK with 999,999 remaining", resp, err)
+	}
+	for _, c := range []struct {
+		key string
+		ov  *commonrl.RateLimitDescriptor_RateLimitOverride
+	}{
+		// On a token bucket, 3.2e16 > 2^53 requests·ms.
+		{"tb", &commonrl.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1_000_000, Unit: typev3.RateLimitUnit_YEAR}},
+		// A window beyond a time.Duration.
+		{"k", &commonrl.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 10, Unit: typev3.RateLimitUnit_YEAR, UnitMultiplier: wrapperspb.UInt32(math.MaxUint32)}},
 	} {
-		d := desc("k", "b")
-		d.Limit = ov
+		d := desc(c.key, "b")
+		d.Limit = c.ov
 		_, err := r.client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "h", Descriptors: []*commonrl.RateLimitDescriptor{d}})
 		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "descriptors[0].limit") {
-			t.Errorf("override %v: %v, want InvalidArgument naming descriptors[0].limit", ov, err)
+			t.Errorf("%s: override %v: %v, want InvalidArgument naming descriptors[0].limit", c.key, c.ov, err)
 		}
 	}
 }

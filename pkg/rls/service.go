@@ -176,6 +176,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	sc := s.pool.Get().(*scratch)
 	defer s.putScratch(sc)
 	s.plan(cfg, req, sc)
+	if sc.err != nil {
+		return nil, sc.err
+	}
 	if len(sc.reqs) > 0 {
 		if err := s.lim.Check(ctx, sc.reqs, sc.res); err != nil {
 			return nil, s.limiterError(ctx, req.Domain, err)
@@ -294,6 +297,9 @@ type scratch struct {
 	hdr       []byte   // header values, back to back
 	hdrEnds   []int    // end offset of each header value in hdr
 	hdrNames  []string // name of each header
+	// err is a limit override that the request's algorithm cannot count
+	// (found by plan, which knows the matched rule's algorithm).
+	err error
 }
 
 func (s *Service) putScratch(sc *scratch) {
@@ -315,6 +321,7 @@ func (s *Service) putScratch(sc *scratch) {
 	sc.hdr = sc.hdr[:0]
 	sc.hdrEnds = sc.hdrEnds[:0]
 	sc.hdrNames = sc.hdrNames[:0]
+	sc.err = nil
 	s.pool.Put(sc)
 }
 
@@ -384,6 +391,9 @@ func (s *Service) plan(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, sc 
 					lim.Algorithm = r.Limits[0].Limit.Algorithm
 					fm = r.Limits[0].FailureMode
 				}
+			}
+			if err := overrideCountable(i, o, lim); err != nil && sc.err == nil {
+				sc.err = err
 			}
 			start := len(sc.key)
 			sc.key = limiter.AppendKeyPart(sc.key, domain)
