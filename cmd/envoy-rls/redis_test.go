@@ -110,9 +110,9 @@ descriptors:
 // request through): a monthly quota of millions, whose count × window passes
 // 2^53 ms, is counted, and so is a limit override of that size on a window;
 // a descriptor's hits_addend beyond every capacity (up to 2^64−1, perhaps
-// from a client's header) is denied and consumes nothing; an override beyond
-// 2^53 requests·ms on a token bucket, or whose window overflows, is
-// InvalidArgument.
+// from a client's header) is denied and consumes nothing; an override the
+// matched rule's algorithm does not count (by the configuration's rules:
+// descriptors.Countable), or whose window overflows, is InvalidArgument.
 func TestServeOnRedisHostileCounts(t *testing.T) {
 	redis := testenv.RedisServer(t)
 	dir := t.TempDir()
@@ -125,6 +125,8 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 5, algorithm: token_bucket, burst: 7}
   - key: quota
     rate_limit: {unit: month, requests_per_unit: 5000000}
+  - key: log
+    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_log}
 `)
 	o := serveOptions{configDir: dir}
 	o.store.redisURL = "redis://" + redis.Addr
@@ -178,6 +180,8 @@ descriptors:
 	}{
 		// On a token bucket, 3.2e16 > 2^53 requests·ms.
 		{"tb", &commonrl.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1_000_000, Unit: typev3.RateLimitUnit_YEAR}},
+		// On a sliding log, beyond the 10,000 hits the configuration allows.
+		{"log", &commonrl.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 20_000, Unit: typev3.RateLimitUnit_MINUTE}},
 		// A window beyond a time.Duration.
 		{"k", &commonrl.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 10, Unit: typev3.RateLimitUnit_YEAR, UnitMultiplier: wrapperspb.UInt32(math.MaxUint32)}},
 	} {

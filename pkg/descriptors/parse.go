@@ -770,9 +770,6 @@ func (c *compiler) limit(n *yaml.Node, multi bool) parsedLimit {
 		v, good := c.positive(p.v, "requests_per_unit")
 		ok = ok && good
 		l.Limit.Requests = v
-		if good && l.Limit.Algorithm == limiter.SlidingLog && v > MaxSlidingLogRequests {
-			fail(p, "requests_per_unit %d is too large for sliding_log (maximum %d): use sliding_window", v, MaxSlidingLogRequests)
-		}
 	} else {
 		c.errorf(c.pos(n), "%s needs requests_per_unit", what)
 		ok = false
@@ -787,12 +784,13 @@ func (c *compiler) limit(n *yaml.Node, multi bool) parsedLimit {
 			l.Limit.Burst = v
 		}
 	}
-	if ok && l.Limit.Algorithm == limiter.TokenBucket {
-		// The token bucket counts in exact integers of 1/requests ms; the
-		// largest, burst × window in ms, must fit Lua's exact integers.
-		if ms := uint64(l.Limit.Window / time.Millisecond); l.Limit.Capacity() > MaxRequests/ms {
-			c.errorf(c.pos(n), "token_bucket burst %d × window %dms exceeds %d, the largest integer Redis's Lua numbers hold exactly: lower the burst or shorten the window",
-				l.Limit.Capacity(), ms, int64(MaxRequests))
+	if ok {
+		if err := Countable(l.Limit); err != nil {
+			at := n // a token bucket: its burst and window together
+			if p, has := fields["requests_per_unit"]; has && l.Limit.Algorithm == limiter.SlidingLog {
+				at = p.v
+			}
+			c.errorf(c.pos(at), "%v", err)
 			ok = false
 		}
 	}
@@ -804,6 +802,27 @@ func (c *compiler) limit(n *yaml.Node, multi bool) parsedLimit {
 	}
 	out.ok = ok
 	return out
+}
+
+// Countable returns why envoy-rls does not count l, or nil: a sliding log of
+// more than MaxSlidingLogRequests (a sorted set of every hit), or a token
+// bucket whose burst × window in ms exceeds MaxRequests (it counts in exact
+// integers of 1/requests ms, which Redis's Lua numbers must hold). The
+// configuration refuses such limits, and a request's limit override, counted
+// with its rule's algorithm, is refused alike.
+func Countable(l limiter.Limit) error {
+	switch l.Algorithm {
+	case limiter.SlidingLog:
+		if l.Requests > MaxSlidingLogRequests {
+			return fmt.Errorf("requests_per_unit %d is too large for sliding_log (maximum %d): use sliding_window", l.Requests, MaxSlidingLogRequests)
+		}
+	case limiter.TokenBucket:
+		if ms := uint64(l.Window / time.Millisecond); ms > 0 && l.Capacity() > MaxRequests/ms {
+			return fmt.Errorf("token_bucket burst %d × window %dms exceeds %d, the largest integer Redis's Lua numbers hold exactly: lower the burst or shorten the window",
+				l.Capacity(), ms, int64(MaxRequests))
+		}
+	}
+	return nil
 }
 
 // replaces parses a replaces list: [{name: ...}, ...].

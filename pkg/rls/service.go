@@ -175,9 +175,8 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	}
 	sc := s.pool.Get().(*scratch)
 	defer s.putScratch(sc)
-	s.plan(cfg, req, sc)
-	if sc.err != nil {
-		return nil, sc.err
+	if err := s.plan(cfg, req, sc); err != nil {
+		return nil, err
 	}
 	if len(sc.reqs) > 0 {
 		if err := s.lim.Check(ctx, sc.reqs, sc.res); err != nil {
@@ -297,9 +296,6 @@ type scratch struct {
 	hdr       []byte   // header values, back to back
 	hdrEnds   []int    // end offset of each header value in hdr
 	hdrNames  []string // name of each header
-	// err is a limit override that the request's algorithm cannot count
-	// (found by plan, which knows the matched rule's algorithm).
-	err error
 }
 
 func (s *Service) putScratch(sc *scratch) {
@@ -321,15 +317,16 @@ func (s *Service) putScratch(sc *scratch) {
 	sc.hdr = sc.hdr[:0]
 	sc.hdrEnds = sc.hdrEnds[:0]
 	sc.hdrNames = sc.hdrNames[:0]
-	sc.err = nil
 	s.pool.Put(sc)
 }
 
 // overrideName names an override's limit when no rule matched.
 const overrideName = "override"
 
-// plan matches every descriptor and builds the limiter requests in sc.
-func (s *Service) plan(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, sc *scratch) {
+// plan matches every descriptor and builds the limiter requests in sc. It
+// fails (InvalidArgument) on a limit override that the matched rule's
+// algorithm does not count.
+func (s *Service) plan(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, sc *scratch) error {
 	domain := req.Domain
 	defHits := uint64(req.HitsAddend)
 	if defHits == 0 {
@@ -392,8 +389,8 @@ func (s *Service) plan(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, sc 
 					fm = r.Limits[0].FailureMode
 				}
 			}
-			if err := overrideCountable(i, o, lim); err != nil && sc.err == nil {
-				sc.err = err
+			if err := descriptors.Countable(lim); err != nil {
+				return invalid("descriptors[%d].limit: %v (with the algorithm of the matched rule)", i, err)
 			}
 			start := len(sc.key)
 			sc.key = limiter.AppendKeyPart(sc.key, domain)
@@ -444,7 +441,7 @@ func (s *Service) plan(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, sc 
 		ds.n = len(sc.reqs) - ds.first
 	}
 	if len(sc.reqs) == 0 {
-		return
+		return nil
 	}
 	// One allocation for every key of the request: the limiter may keep a
 	// Key (the memory backend stores it), so it must not alias the pooled
@@ -458,6 +455,7 @@ func (s *Service) plan(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, sc 
 	}
 	sc.res = sc.res[:len(sc.reqs)]
 	clear(sc.res)
+	return nil
 }
 
 // beyond returns hits, or one more than l's capacity when hits exceed it:

@@ -14,9 +14,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
-
-	"github.com/envoy-rls/envoy-rls/pkg/descriptors"
-	"github.com/envoy-rls/envoy-rls/pkg/limiter"
 )
 
 // invalid returns the InvalidArgument error for a bad field.
@@ -109,26 +106,10 @@ func checkOverride(i int, o *ratelimitv3.RateLimitDescriptor_RateLimitOverride) 
 	}
 	// A window a time.Duration holds (unit seconds × multiplier is below
 	// 2^25 × 2^32: no overflow). Whether its algorithm counts it is known
-	// once the descriptor is matched (overrideCountable).
+	// once the descriptor is matched (plan, with descriptors.Countable).
 	secs := uint64(overrideUnitSeconds(o.Unit)) * mult
 	if secs > uint64(math.MaxInt64/int64(time.Second)) {
 		return invalid("descriptors[%d].limit: a window of %d × %v is longer than %v", i, mult, o.Unit, time.Duration(math.MaxInt64).Truncate(time.Hour))
-	}
-	return nil
-}
-
-// overrideCountable reports an override, counted as lim (the matched rule's
-// algorithm), that its algorithm cannot count exactly, with the bounds of a
-// limit in the configuration (descriptors): a token bucket or a sliding log
-// needs requests × window in ms within the integers Redis's Lua numbers hold
-// exactly; sliding and fixed windows count any requests_per_unit (a uint32).
-func overrideCountable(i int, o *ratelimitv3.RateLimitDescriptor_RateLimitOverride, lim limiter.Limit) error {
-	switch lim.Algorithm {
-	case limiter.TokenBucket, limiter.SlidingLog:
-		if ms := uint64(lim.Window / time.Millisecond); lim.Requests > descriptors.MaxRequests/ms {
-			return invalid("descriptors[%d].limit: %d requests per %v exceed what a %v counts exactly (requests × window in ms must not exceed %d)",
-				i, o.RequestsPerUnit, lim.Window, lim.Algorithm, int64(descriptors.MaxRequests))
-		}
 	}
 	return nil
 }
