@@ -25,23 +25,17 @@ import (
 // mode.
 func TestServeOnRedis(t *testing.T) {
 	redis := testenv.RedisServer(t)
-	dir := t.TempDir()
-	writeFile(t, filepath.Join(dir, "r.yaml"), `
+	r := serveOnRedis(t, redis, `
 domain: r
 descriptors:
   - key: hot
     rate_limit: {unit: hour, requests_per_unit: 5}
   - key: strict
     rate_limit: {unit: hour, requests_per_unit: 5, failure_mode: deny}
-`)
-	o := serveOptions{configDir: dir}
-	o.store.redisURL = "redis://" + redis.Addr
-	o.store.redisTimeout = time.Second
-	o.store.redisFunctions = true // the default: serve loads the library at start (Ping)
-	o.store.denyCacheEntries = 1000
-	o.store.denyCacheMaxTTL = time.Hour // every denial below stays cached: the count is exact
-	o.store.fallbackInstances = 1
-	r := startServe(t, o)
+`, func(o *serveOptions) {
+		o.store.denyCacheEntries = 1000
+		o.store.denyCacheMaxTTL = time.Hour // every denial below stays cached: the count is exact
+	})
 	call := func(kv ...string) rlsv3.RateLimitResponse_Code {
 		t.Helper()
 		resp, err := r.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{
@@ -114,9 +108,7 @@ descriptors:
 // matched rule's algorithm does not count (by the configuration's rules:
 // descriptors.Countable), or whose window overflows, is InvalidArgument.
 func TestServeOnRedisHostileCounts(t *testing.T) {
-	redis := testenv.RedisServer(t)
-	dir := t.TempDir()
-	writeFile(t, filepath.Join(dir, "h.yaml"), `
+	r := serveOnRedis(t, testenv.RedisServer(t), `
 domain: h
 descriptors:
   - key: k
@@ -127,13 +119,7 @@ descriptors:
     rate_limit: {unit: month, requests_per_unit: 5000000}
   - key: log
     rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_log}
-`)
-	o := serveOptions{configDir: dir}
-	o.store.redisURL = "redis://" + redis.Addr
-	o.store.redisTimeout = time.Second
-	o.store.redisFunctions = true
-	o.store.fallbackInstances = 1
-	r := startServe(t, o)
+`, nil)
 	ctx := context.Background()
 	for _, c := range []struct{ key, value string }{{"k", "a"}, {"tb", "a"}} {
 		for _, hits := range []uint64{1 << 53, math.MaxUint64} {
@@ -192,4 +178,22 @@ descriptors:
 			t.Errorf("%s: override %v: %v, want InvalidArgument naming descriptors[0].limit", c.key, c.ov, err)
 		}
 	}
+}
+
+// serveOnRedis starts serve on redis with the one configuration file yaml,
+// Redis Functions (the default), a call timeout of a second, and a fallback
+// of one instance; tune, if not nil, changes the options before the start.
+func serveOnRedis(t *testing.T, redis *testenv.Redis, yaml string, tune func(*serveOptions)) *running {
+	t.Helper()
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "config.yaml"), yaml)
+	o := serveOptions{configDir: dir}
+	o.store.redisURL = "redis://" + redis.Addr
+	o.store.redisTimeout = time.Second
+	o.store.redisFunctions = true // the default: serve loads the library at start (Ping)
+	o.store.fallbackInstances = 1
+	if tune != nil {
+		tune(&o)
+	}
+	return startServe(t, o)
 }

@@ -135,67 +135,49 @@ func TestCoalescerWithdrawLentSlot(t *testing.T) {
 	}
 
 	// A caller woken by the loan whose context has ended meanwhile does not
-	// lead: the slot goes on to the next queued job.
-	j5, j6 := newJob(), newJob()
-	bt = lend(j5, j6)
-	<-j5.done
-	j5.lead = nil
-	ended, cancel := context.WithCancel(context.Background())
-	cancel()
-	calls := b.CallStats().Calls
-	if err := c.takeLead(ended, bt, j5); !errors.Is(err, context.Canceled) {
-		t.Fatalf("takeLead with an ended context = %v, want context.Canceled", err)
-	}
-	c.mu.Lock()
-	lead = j6.lead
-	c.mu.Unlock()
-	if lead != bt {
-		t.Fatalf("after a caller with an ended context declined: next job lent %p, want %p", lead, bt)
-	}
-	if n := b.CallStats().Calls; n != calls {
-		t.Errorf("%d calls sent by a caller whose context had ended, want 0", n-calls)
-	}
-	if !c.withdraw(j6) {
-		t.Fatal("withdraw of the job lent the declined slot = false, want true")
-	}
-	if n, idle := c.occupancy(); n != 0 || idle != 1 {
-		t.Fatalf("after the declined loan: %d queued, %d slots idle; want 0 and 1", n, idle)
-	}
-
+	// lead: the slot goes on to the next queued job, and no call is sent.
 	// So does one whose own deadline (CheckBy's, or Options.Timeout's) has
 	// passed while its context lives on: the slot can reach it an instant
 	// before the expiry timer does. Leading, it would wait for a call of
-	// the others' Checks, bounded by their deadlines, past its own.
-	j7, j8 := newJob(), newJob()
-	j7.deadline = time.Now().Add(-time.Millisecond)
-	// Both carry a real group, so that a regression (j7 leading) sends a
-	// well-formed call, and the test fails instead of hanging.
-	late := []limiter.Request{{Key: key(t.Name(), "late"), Limit: limiter.Limit{Requests: 100, Window: time.Hour}, Hits: 1}}
-	j7.encode(b, late)
-	j8.encode(b, late)
-	bt = lend(j7, j8)
-	<-j7.done
-	j7.lead = nil
-	if err := c.takeLead(context.Background(), bt, j7); !errors.Is(err, context.DeadlineExceeded) {
-		// Not fatal: the slot reached j8 either way, and the checks below
-		// give it back, so that Close does not wait for it forever.
-		t.Errorf("takeLead past the job's deadline = %v, want context.DeadlineExceeded", err)
+	// the others' Checks, bounded by their deadlines, past its own. Both
+	// jobs carry a real group, so that a regression (the first leading)
+	// sends a well-formed call, and the test fails instead of hanging.
+	declines := func(why string, ctx context.Context, deadline time.Time, want error) {
+		t.Helper()
+		first, next := newJob(), newJob()
+		late := []limiter.Request{{Key: key(t.Name(), why), Limit: limiter.Limit{Requests: 100, Window: time.Hour}, Hits: 1}}
+		first.encode(b, late)
+		next.encode(b, late)
+		first.deadline = deadline
+		bt := lend(first, next)
+		<-first.done
+		first.lead = nil
+		calls := b.CallStats().Calls
+		if err := c.takeLead(ctx, bt, first); !errors.Is(err, want) {
+			// Not fatal: the slot reached next either way, and the checks
+			// below give it back, so that Close does not wait for it.
+			t.Errorf("%s: takeLead = %v, want %v", why, err, want)
+		}
+		c.mu.Lock()
+		lead := next.lead
+		c.mu.Unlock()
+		if lead != bt {
+			t.Fatalf("%s: after the caller declined, the next job was lent %p, want %p", why, lead, bt)
+		}
+		if n := b.CallStats().Calls; n != calls {
+			t.Errorf("%s: %d calls sent by the caller that should have declined, want 0", why, n-calls)
+		}
+		if !c.withdraw(next) {
+			t.Fatalf("%s: withdraw of the job lent the declined slot = false, want true", why)
+		}
+		if n, idle := c.occupancy(); n != 0 || idle != 1 {
+			t.Fatalf("%s: after the declined loan, %d queued, %d slots idle; want 0 and 1", why, n, idle)
+		}
 	}
-	c.mu.Lock()
-	lead = j8.lead
-	c.mu.Unlock()
-	if lead != bt {
-		t.Fatalf("after a caller past its deadline declined: next job lent %p, want %p", lead, bt)
-	}
-	if n := b.CallStats().Calls; n != calls {
-		t.Errorf("%d calls sent by a caller past its deadline, want 0", n-calls)
-	}
-	if !c.withdraw(j8) {
-		t.Fatal("withdraw of the job lent the slot declined past a deadline = false, want true")
-	}
-	if n, idle := c.occupancy(); n != 0 || idle != 1 {
-		t.Fatalf("after the loan declined past a deadline: %d queued, %d slots idle; want 0 and 1", n, idle)
-	}
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	declines("context ended", ended, time.Time{}, context.Canceled)
+	declines("deadline passed", context.Background(), time.Now().Add(-time.Millisecond), context.DeadlineExceeded)
 	req := []limiter.Request{{Key: key(t.Name()), Limit: limiter.Limit{Requests: 100, Window: time.Hour}, Hits: 1}}
 	if err := b.Check(context.Background(), req, make([]limiter.Result, 1)); err != nil {
 		t.Fatalf("Check after the withdrawals: %v", err)
