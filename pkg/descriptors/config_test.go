@@ -66,6 +66,7 @@ var badCases = []struct{ file, at, msg string }{
 	{"root_list", "1:1", "a descriptor file must be a mapping with domain and descriptors, got a list"},
 	{"second_document", "4:1", "a second YAML document"},
 	{"shadow_mode_not_bool", "5:18", `shadow_mode must be true or false, got the string "maybe"`},
+	{"sliding_log_too_long", "5:7", "sliding_log requests 10000 × window 946080000000ms exceeds 9007199254740991"},
 	{"sliding_log_too_many", "7:26", "requests_per_unit 10001 is too large for sliding_log (maximum 10000)"},
 	{"token_bucket_too_precise", "5:7", "token_bucket burst 1000000000 × window 31536000000ms exceeds"},
 	{"unit_and_window", "6:7", "rate_limit has both unit and window: use one"},
@@ -82,6 +83,7 @@ var badCases = []struct{ file, at, msg string }{
 	{"window_negative", "5:15", "window must be positive, got -1m"},
 	{"window_not_duration", "5:15", `window "60" is not a duration`},
 	{"window_not_whole_ms", "5:15", "window 1500us is not a whole number of milliseconds"},
+	{"window_too_many", "6:26", "2251799813685248 requests per window is more than sliding_window counts exactly (2251799813685247, 2^51−1)"},
 	{"window_zero", "5:15", "window must be positive, got 0s"},
 }
 

@@ -35,8 +35,11 @@
 // and merge keys (<<) work. Unknown keys are errors, at every level.
 //
 // Limits: requests_per_unit and burst are at most MaxRequests (2^53−1);
-// sliding_log allows at most MaxSlidingLogRequests (10000) requests per
-// window; descriptors nest at most MaxDepth levels; one load holds at most
+// sliding_window and fixed_window allow at most 2^51−1 requests per window
+// (limiter.MaxWindowRequests); sliding_log allows at most
+// MaxSlidingLogRequests (10000) requests per window; a token bucket's burst
+// (or requests_per_unit) and a sliding log's requests_per_unit, times the
+// window in milliseconds, are at most MaxRequests (Countable); descriptors nest at most MaxDepth levels; one load holds at most
 // MaxDescriptors descriptors. A window must be positive and a whole number of
 // milliseconds.
 //

@@ -21,8 +21,9 @@ const (
 	// which stores one entry per admitted hit.
 	MaxSlidingLogRequests = 10000
 	// MaxRequests caps requests_per_unit and burst: 2^53−1, the largest
-	// integer that Redis's Lua numbers (IEEE doubles) hold exactly.
-	MaxRequests = 1<<53 - 1
+	// integer that Redis's Lua numbers (IEEE doubles) hold exactly. Sliding
+	// and fixed windows are capped lower (Countable).
+	MaxRequests = limiter.MaxExact
 	// MaxDepth caps how deeply descriptors nest.
 	MaxDepth = 64
 	// MaxDescriptors caps the number of descriptors of one load (it also
@@ -786,8 +787,8 @@ func (c *compiler) limit(n *yaml.Node, multi bool) parsedLimit {
 	}
 	if ok {
 		if err := Countable(l.Limit); err != nil {
-			at := n // a token bucket: its burst and window together
-			if p, has := fields["requests_per_unit"]; has && l.Limit.Algorithm == limiter.SlidingLog {
+			at := n // a count × the window: the limit as a whole
+			if p, has := fields["requests_per_unit"]; has && countTooLarge(l.Limit) {
 				at = p.v
 			}
 			c.errorf(c.pos(at), "%v", err)
@@ -805,24 +806,29 @@ func (c *compiler) limit(n *yaml.Node, multi bool) parsedLimit {
 }
 
 // Countable returns why envoy-rls does not count l, or nil: a sliding log of
-// more than MaxSlidingLogRequests (a sorted set of every hit), or a token
-// bucket whose burst × window in ms exceeds MaxRequests (it counts in exact
-// integers of 1/requests ms, which Redis's Lua numbers must hold). The
-// configuration refuses such limits, and a request's limit override, counted
-// with its rule's algorithm, is refused alike.
+// more than MaxSlidingLogRequests (a sorted set of every hit), or a limit
+// outside the exact range of the stores (limiter.Limit.ExactRange: a window
+// of more than 2^51−1 requests; a token bucket or sliding log whose burst or
+// requests × window in ms exceeds MaxRequests). The configuration refuses
+// such limits, and a request's limit override, counted with its rule's
+// algorithm, is refused alike.
 func Countable(l limiter.Limit) error {
-	switch l.Algorithm {
-	case limiter.SlidingLog:
-		if l.Requests > MaxSlidingLogRequests {
-			return fmt.Errorf("requests_per_unit %d is too large for sliding_log (maximum %d): use sliding_window", l.Requests, MaxSlidingLogRequests)
-		}
-	case limiter.TokenBucket:
-		if ms := uint64(l.Window / time.Millisecond); ms > 0 && l.Capacity() > MaxRequests/ms {
-			return fmt.Errorf("token_bucket burst %d × window %dms exceeds %d, the largest integer Redis's Lua numbers hold exactly: lower the burst or shorten the window",
-				l.Capacity(), ms, int64(MaxRequests))
-		}
+	if l.Algorithm == limiter.SlidingLog && l.Requests > MaxSlidingLogRequests {
+		return fmt.Errorf("requests_per_unit %d is too large for sliding_log (maximum %d): use sliding_window", l.Requests, MaxSlidingLogRequests)
 	}
-	return nil
+	return l.ExactRange()
+}
+
+// countTooLarge reports whether Countable refuses l for its requests alone,
+// whatever the window: a window's count, or a sliding log's.
+func countTooLarge(l limiter.Limit) bool {
+	switch l.Algorithm {
+	case limiter.SlidingWindow, limiter.FixedWindow:
+		return l.Requests > limiter.MaxWindowRequests
+	case limiter.SlidingLog:
+		return l.Requests > MaxSlidingLogRequests
+	}
+	return false
 }
 
 // replaces parses a replaces list: [{name: ...}, ...].

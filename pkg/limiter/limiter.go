@@ -153,6 +153,47 @@ func (l Limit) Validate() error {
 	return nil
 }
 
+// The exact range. Redis's Lua numbers are IEEE doubles, which hold every
+// integer below 2^53; a limit is counted exactly when every quantity its
+// algorithm stores stays below that. The configuration refuses limits
+// outside the range (ExactRange), so a file that loads counts alike on
+// every backend; a backend may refuse them with ErrInvalid.
+const (
+	// MaxExact is 2^53−1, the largest integer a double holds with every
+	// integer below it.
+	MaxExact = 1<<53 - 1
+	// MaxWindowRequests caps the Requests of a sliding or fixed window,
+	// 2^51−1: a count, the previous window's weight and the hits, each at
+	// most 2^51, add up below 2^53 whatever the window.
+	MaxWindowRequests = 1<<51 - 1
+)
+
+// ExactRange returns why l is outside the exact range, or nil (the error
+// does not wrap ErrInvalid: the configuration reports it as it stands): a sliding or
+// fixed window of more than MaxWindowRequests, or a token bucket or sliding
+// log whose Requests (or Capacity) × Window in ms exceeds MaxExact. Those
+// two count time in ticks of 1/Requests ms.
+func (l Limit) ExactRange() error {
+	switch l.Algorithm {
+	case SlidingWindow, FixedWindow:
+		if l.Requests > MaxWindowRequests {
+			return fmt.Errorf("%d requests per window is more than %s counts exactly (%d, 2^51−1)",
+				l.Requests, l.Algorithm, uint64(MaxWindowRequests))
+		}
+	default:
+		ms := uint64(l.Window / time.Millisecond)
+		if x := max(l.Requests, l.Capacity()); ms > 0 && x > MaxExact/ms {
+			what := "requests"
+			if l.Algorithm == TokenBucket && x == l.Capacity() {
+				what = "burst" // Requests when Burst is 0
+			}
+			return fmt.Errorf("%s %s %d × window %dms exceeds %d, the largest integer Redis's Lua numbers hold exactly: lower the %s or shorten the window",
+				l.Algorithm, what, x, ms, uint64(MaxExact), what)
+		}
+	}
+	return nil
+}
+
 // Request is one limit to check within a batch.
 type Request struct {
 	// Key identifies the counter. It is the length-prefixed encoding of

@@ -78,3 +78,27 @@ func TestLimitValidate(t *testing.T) {
 		t.Errorf("sliding window capacity = %d, want 10", c)
 	}
 }
+
+// TestLimitExactRange: each algorithm's bound, and the error names what to
+// lower (TestExactRangeBoundaries in pkg/redisbackend counts at the bounds).
+func TestLimitExactRange(t *testing.T) {
+	const perSecond = MaxExact / 1000
+	for _, c := range []struct {
+		l    Limit
+		want string // "" when in range
+	}{
+		{Limit{Algorithm: SlidingWindow, Requests: MaxWindowRequests, Window: time.Hour}, ""},
+		{Limit{Algorithm: FixedWindow, Requests: MaxWindowRequests + 1, Window: time.Millisecond}, "more than fixed_window counts exactly"},
+		{Limit{Algorithm: TokenBucket, Requests: perSecond, Window: time.Second}, ""},
+		{Limit{Algorithm: TokenBucket, Requests: perSecond + 1, Window: time.Second}, "lower the burst"},
+		{Limit{Algorithm: TokenBucket, Requests: perSecond + 1, Burst: 5, Window: time.Second}, "lower the requests"},
+		{Limit{Algorithm: TokenBucket, Requests: 5, Burst: perSecond + 1, Window: time.Second}, "token_bucket burst 9007199254741 × window 1000ms"},
+		{Limit{Algorithm: SlidingLog, Requests: 10000, Window: time.Duration(MaxExact/10000) * time.Millisecond}, ""},
+		{Limit{Algorithm: SlidingLog, Requests: 10000, Window: time.Duration(MaxExact/10000+1) * time.Millisecond}, "sliding_log requests 10000 × window"},
+	} {
+		err := c.l.ExactRange()
+		if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("%+v: ExactRange() = %v, want %q", c.l, err, c.want)
+		}
+	}
+}

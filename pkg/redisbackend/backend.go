@@ -18,14 +18,6 @@ import (
 // injectedClockSlack is added to every expiry when Options.Now is set.
 const injectedClockSlack = time.Hour
 
-// maxExact bounds the numbers the scripts handle: below 2^53 a double holds
-// every integer exactly.
-const maxExact = 1 << 53
-
-// maxWindowCount bounds a window counter's limit (count_max in lua/lib.lua):
-// a count, the previous bucket's weight and the hits add up below 2^53.
-const maxWindowCount = 1 << 51
-
 // Backend is a limiter.Limiter on Redis. It is safe for concurrent use.
 type Backend struct {
 	client  redis.UniversalClient
@@ -328,26 +320,14 @@ func validate(reqs []limiter.Request, results []limiter.Result) error {
 	return nil
 }
 
-// exactRange reports whether the scripts count r exactly. Windows hold
-// counts up to maxWindowCount whatever the window (their weight is computed
-// by long division where count·W exceeds 2^53). A token bucket counts in
-// ticks of 1/limit ms, so burst·W must stay below 2^53 (the configuration
-// checks it too), and a sliding log (its limit capped far lower in the
-// configuration) keeps limit·W below 2^53 as well.
+// exactRange reports whether the scripts count r exactly: its limit within
+// limiter's exact range (the configuration refuses any other), its hits
+// below 2^53 (pkg/rls sends hits beyond a limit's capacity as capacity+1).
 func exactRange(r *limiter.Request) error {
-	w := uint64(r.Limit.Window.Milliseconds())
-	switch r.Limit.Algorithm {
-	case limiter.SlidingWindow, limiter.FixedWindow:
-		if r.Limit.Requests >= maxWindowCount && r.Limit.Requests >= maxExact/w {
-			return fmt.Errorf("limit %d per %v exceeds the exact range of the Redis scripts (2^51)", r.Limit.Requests, r.Limit.Window)
-		}
-	default:
-		if r.Limit.Requests >= maxExact/w || r.Limit.Capacity() >= maxExact/w {
-			return fmt.Errorf("%v of %d per %v (burst %d) exceeds the exact range of the Redis scripts (limit·window_ms < 2^53)",
-				r.Limit.Algorithm, r.Limit.Requests, r.Limit.Window, r.Limit.Burst)
-		}
+	if err := r.Limit.ExactRange(); err != nil {
+		return err
 	}
-	if r.Hits >= maxExact {
+	if r.Hits > limiter.MaxExact {
 		return fmt.Errorf("%d hits exceed the exact range of the Redis scripts (2^53)", r.Hits)
 	}
 	return nil

@@ -2,12 +2,14 @@ package redisbackend
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/envoy-rls/envoy-rls/internal/testenv"
+	"github.com/envoy-rls/envoy-rls/pkg/descriptors"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
 )
 
@@ -100,5 +102,61 @@ func TestHammerBeyond2p53(t *testing.T) {
 	wg.Wait()
 	if got := admitted.Load(); got != 100 {
 		t.Errorf("admitted %d of %d with room for 100", got, 4*32*10)
+	}
+}
+
+// TestExactRangeBoundaries: the largest limit of each algorithm that the
+// configuration accepts (descriptors.Countable) is counted exactly on Redis,
+// to the last hit, and one step beyond is refused by both. A limit that
+// loads but fails every request was possible before (a window of 2^51
+// requests, a sliding log of 10,000 a 30 years, a token bucket at exactly
+// burst × window = 2^53 − 992).
+func TestExactRangeBoundaries(t *testing.T) {
+	r := testenv.RedisServer(t)
+	fixed := time.UnixMilli(1_767_225_600_123)
+	b := newSingle(t, r, t.Name()+":", func() time.Time { return fixed })
+	const second, hour = time.Second, time.Hour
+	logWindow := time.Duration(limiter.MaxExact/descriptors.MaxSlidingLogRequests) * time.Millisecond
+	for _, c := range []struct {
+		name       string
+		at, beyond limiter.Limit
+	}{
+		{"sliding window", limiter.Limit{Algorithm: limiter.SlidingWindow, Requests: limiter.MaxWindowRequests, Window: hour},
+			limiter.Limit{Algorithm: limiter.SlidingWindow, Requests: limiter.MaxWindowRequests + 1, Window: hour}},
+		{"fixed window", limiter.Limit{Algorithm: limiter.FixedWindow, Requests: limiter.MaxWindowRequests, Window: hour},
+			limiter.Limit{Algorithm: limiter.FixedWindow, Requests: limiter.MaxWindowRequests + 1, Window: hour}},
+		{"token bucket", limiter.Limit{Algorithm: limiter.TokenBucket, Requests: limiter.MaxExact / 1000, Window: second},
+			limiter.Limit{Algorithm: limiter.TokenBucket, Requests: limiter.MaxExact/1000 + 1, Window: second}},
+		{"token bucket burst", limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 10, Burst: limiter.MaxExact / 1000, Window: second},
+			limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 10, Burst: limiter.MaxExact/1000 + 1, Window: second}},
+		{"sliding log", limiter.Limit{Algorithm: limiter.SlidingLog, Requests: descriptors.MaxSlidingLogRequests, Window: logWindow},
+			limiter.Limit{Algorithm: limiter.SlidingLog, Requests: descriptors.MaxSlidingLogRequests, Window: logWindow + time.Millisecond}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if err := descriptors.Countable(c.at); err != nil {
+				t.Fatalf("the configuration refuses %+v: %v", c.at, err)
+			}
+			if err := descriptors.Countable(c.beyond); err == nil {
+				t.Fatalf("the configuration accepts %+v", c.beyond)
+			}
+			res := make([]limiter.Result, 1)
+			beyond := limiter.Request{Key: key(c.name, "beyond"), Limit: c.beyond, Hits: 1}
+			if err := b.Check(context.Background(), []limiter.Request{beyond}, res); !errors.Is(err, limiter.ErrInvalid) {
+				t.Fatalf("Check beyond the range: %v, want ErrInvalid", err)
+			}
+			capacity := c.at.Capacity()
+			for _, step := range []struct {
+				hits, remaining uint64
+				allowed         bool
+			}{{1, capacity - 1, true}, {capacity - 1, 0, true}, {1, 0, false}} {
+				req := limiter.Request{Key: key(c.name, "at"), Limit: c.at, Hits: step.hits}
+				if err := b.Check(context.Background(), []limiter.Request{req}, res); err != nil {
+					t.Fatalf("Check of %d hits: %v", step.hits, err)
+				}
+				if res[0].Allowed != step.allowed || res[0].Remaining != step.remaining {
+					t.Fatalf("Check of %d hits: allowed %v remaining %d, want %v and %d", step.hits, res[0].Allowed, res[0].Remaining, step.allowed, step.remaining)
+				}
+			}
+		})
 	}
 }
