@@ -73,7 +73,7 @@ func series(fams map[string]*dto.MetricFamily) int {
 func TestMetricsFollowScriptedRequests(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "m.yaml")
-	writeFile(t, file, `
+	good := `
 domain: m
 descriptors:
   - key: ip
@@ -85,7 +85,8 @@ descriptors:
     rate_limit: {unlimited: true}
   - key: near
     rate_limit: {name: near, unit: hour, requests_per_unit: 10}
-`)
+`
+	writeFile(t, file, good)
 	r := startServe(t, serveOptions{configDir: dir, nearLimit: 0.8})
 	call := func(domain string, d ...*commonrl.RateLimitDescriptor) {
 		t.Helper()
@@ -162,6 +163,23 @@ descriptors:
 	fams = scrape(t, r)
 	if v, _ := value(fams, "envoy_rls_decisions_total", "limit", "per_ip", "decision", "ok"); v != 3 {
 		t.Errorf("per_ip ok = %v after the failed reload, want 3", v)
+	}
+
+	// Reverting the bad edit ends the failure: the folder holds the running
+	// configuration again (nothing is reloaded or counted).
+	writeFile(t, file, good)
+	r.hup <- nil
+	for i := 0; ; i++ {
+		fams = scrape(t, r)
+		if v, _ := value(fams, "envoy_rls_config_last_reload_successful"); v == 1 {
+			break
+		}
+		if i > 10000 {
+			t.Fatal("envoy_rls_config_last_reload_successful stayed 0 after the bad edit was reverted")
+		}
+	}
+	if v, _ := value(fams, "envoy_rls_config_reloads_total", "result", "success"); v != 0 {
+		t.Errorf("the revert was counted as %v successful reloads, want 0", v)
 	}
 }
 

@@ -69,5 +69,7 @@ func recordReload(m *metrics.Metrics, ev descriptors.ReloadEvent) {
 		m.Reloaded(initial, true, ev.Time, rules)
 	case descriptors.Failed:
 		m.Reloaded(initial, false, ev.Time, nil)
+	case descriptors.Restored:
+		m.ConfigRestored()
 	}
 }

@@ -1,6 +1,7 @@
 package descriptors
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -159,8 +160,36 @@ func LoadFiles(paths []string, opts Options) (*Config, error) {
 	return compile(files, opts)
 }
 
-// readDir reads the configuration files of dir, sorted by name.
+// maxReads bounds how many times readDir reads a folder that keeps
+// changing.
+const maxReads = 5
+
+// readDir reads the configuration files of dir, sorted by name, as one
+// generation: it reads the folder again until two reads in a row agree (at
+// most maxReads), so that an update between the reads of two files (a
+// Kubernetes ConfigMap renaming ..data, a rule moved from one file to
+// another with --config.merge-domains) never yields a configuration made of
+// two generations, possibly without the rule it moved.
 func readDir(dir string) ([]srcFile, error) {
+	prev, err := readDirOnce(dir)
+	if err != nil {
+		return nil, err
+	}
+	for range maxReads - 1 {
+		files, err := readDirOnce(dir)
+		if err != nil {
+			return nil, err
+		}
+		if slices.EqualFunc(prev, files, func(a, b srcFile) bool { return a.name == b.name && bytes.Equal(a.data, b.data) }) {
+			return files, nil
+		}
+		prev = files
+	}
+	return nil, fmt.Errorf("descriptors: the configuration files in %s changed between each of %d reads in a row; they are read again at the next check", dir, maxReads)
+}
+
+// readDirOnce reads the configuration files of dir, sorted by name.
+func readDirOnce(dir string) ([]srcFile, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("descriptors: read config folder: %w", err)

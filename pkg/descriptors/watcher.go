@@ -70,11 +70,17 @@ const (
 	// Unchanged: the files are byte-for-byte what was last checked;
 	// nothing was compiled.
 	Unchanged
+	// Restored: the last check Failed, and the folder holds the current
+	// Config's files again (a bad edit reverted, a read error gone):
+	// nothing was compiled, and the failure is over.
+	Restored
 )
 
-// String returns "loaded", "failed" or "unchanged".
+// String returns "loaded", "failed", "unchanged" or "restored".
 func (o Outcome) String() string {
 	switch o {
+	case Restored:
+		return "restored"
 	case Loaded:
 		return "loaded"
 	case Failed:
@@ -192,8 +198,11 @@ func (w *Watcher) check(trigger Trigger) ReloadEvent {
 	cur := w.cur.Load()
 	switch {
 	case cur != nil && sum == cur.Digest():
-		w.lastDigest, w.lastErr = sum, nil
 		ev.Outcome = Unchanged
+		if w.lastErr != nil {
+			ev.Outcome = Restored // the last check failed
+		}
+		w.lastDigest, w.lastErr = sum, nil
 		return w.report(ev)
 	case trigger == TriggerPoll && sum == w.lastDigest:
 		ev.Outcome, ev.Err = Unchanged, w.lastErr
@@ -227,6 +236,9 @@ func (w *Watcher) report(ev ReloadEvent) ReloadEvent {
 			log.Error("descriptor configuration rejected; no configuration loaded", "dir", w.opts.Dir,
 				"trigger", ev.Trigger.String(), "err", ev.Err)
 		}
+	case Restored:
+		log.Info("descriptor configuration restored: the folder holds the running configuration again",
+			"dir", w.opts.Dir, "trigger", ev.Trigger.String(), "digest", ev.Config.Digest())
 	case Unchanged:
 		log.Debug("descriptor configuration unchanged", "dir", w.opts.Dir, "trigger", ev.Trigger.String())
 	}

@@ -334,3 +334,106 @@ func TestWatcherTicker(t *testing.T) {
 		t.Errorf("Run: %v", err)
 	}
 }
+
+// TestLoadDuringConfigMapSwaps: a rule moves between two files of one
+// domain (--config.merge-domains) at every ConfigMap update, updates
+// following each other as fast as they can while the folder is loaded again
+// and again. Every load that succeeds has the rule: it read one generation,
+// never a.yaml of one and b.yaml of the next (readDir reads until two reads
+// agree). Loads may fail while the folder keeps changing; a mix never
+// loads. (Before, a few hundred loads sufficed to load one without the
+// rule.)
+func TestLoadDuringConfigMapSwaps(t *testing.T) {
+	gen := func(g int) map[string]string {
+		a := "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"
+		b := "domain: d\ndescriptors:\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"
+		moved := "  - key: moved\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"
+		if g%2 == 0 {
+			a += moved
+		} else {
+			b += moved
+		}
+		return map[string]string{"a.yaml": a, "b.yaml": b}
+	}
+	k := newKubeDir(t, gen(0))
+	stop := make(chan struct{})
+	swapped := make(chan int)
+	go func() {
+		g := 1
+		defer func() { swapped <- g }()
+		for ; ; g++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			k.update(gen(g))
+			if g > 2 { // keep the folder small
+				if err := os.RemoveAll(filepath.Join(k.dir, fmt.Sprintf("..2026_01_01_00_00_%02d.%d", g-2, g-2))); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}
+	}()
+	var loaded, failed int
+	for range 3000 {
+		cfg, err := Load(k.dir, Options{MergeDomains: true})
+		if err != nil {
+			failed++
+			continue
+		}
+		loaded++
+		if cfg.Match("d", []Entry{{"moved", "v"}}) == nil {
+			t.Errorf("load %d of a folder being updated has neither generation's rule: a.yaml and b.yaml of two generations", loaded+failed)
+			break
+		}
+	}
+	close(stop)
+	updates := <-swapped
+	t.Logf("%d loads, %d failed while the folder changed, %d updates", loaded, failed, updates)
+	if loaded == 0 {
+		t.Errorf("no load of %d succeeded", failed)
+	}
+}
+
+// TestWatcherRevertRestores: after a failed check, a folder that holds the
+// running configuration's files again (the bad edit reverted; the files
+// back after a read error) is Restored: nothing recompiled, the failure
+// over (the service sets envoy_rls_config_last_reload_successful back to
+// 1). The next poll is Unchanged again. Before, the revert was Unchanged and
+// the failure stood until the next real change.
+func TestWatcherRevertRestores(t *testing.T) {
+	dir := t.TempDir()
+	good := fmt.Sprintf(ruleYAML, "k")
+	write(t, dir, "edge.yaml", good)
+	h, err := newHarness(t, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.next() // the initial load
+	running := h.w.Current()
+	for _, bad := range []struct {
+		name  string
+		spoil func()
+	}{
+		{"bad edit", func() { writeAtomic(t, dir, "edge.yaml", good+"bogus: true\n") }},
+		{"no files", func() {
+			if err := os.Rename(filepath.Join(dir, "edge.yaml"), filepath.Join(dir, ".edge.yaml.away")); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		bad.spoil()
+		if ev := h.poll(); ev.Outcome != Failed || ev.Err == nil || h.w.Current() != running {
+			t.Fatalf("%s: %+v, want Failed keeping the running config", bad.name, ev)
+		}
+		writeAtomic(t, dir, "edge.yaml", good)
+		if ev := h.poll(); ev.Outcome != Restored || ev.Err != nil || ev.Config != running || h.w.Current() != running {
+			t.Fatalf("%s reverted: %+v, want Restored with the running config", bad.name, ev)
+		}
+		if ev := h.poll(); ev.Outcome != Unchanged || ev.Err != nil {
+			t.Fatalf("%s: poll after the revert: %+v, want Unchanged", bad.name, ev)
+		}
+	}
+}

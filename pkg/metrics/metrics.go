@@ -192,6 +192,13 @@ func (m *Metrics) Reloaded(initial, ok bool, at time.Time, rules map[string]int)
 	}
 }
 
+// ConfigRestored records that the configuration folder holds the running
+// configuration again after a reload failed (the bad edit was reverted):
+// the failure is over, and nothing was reloaded.
+func (m *Metrics) ConfigRestored() {
+	m.lastReloadOK.Set(1)
+}
+
 // InstancesFunc exports envoy_rls_instances, read from f at scrape time.
 func (m *Metrics) InstancesFunc(f func() int) error {
 	return m.registerer.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
