@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"io"
 	"strings"
@@ -73,5 +74,47 @@ func TestUsageListsEveryFlagWithItsVariable(t *testing.T) {
 	})
 	if n < 20 {
 		t.Errorf("only %d flags", n)
+	}
+}
+
+// TestServeFlagsOutOfRange: a value outside a flag's documented range is
+// refused with the flag's name (from the command line or its variable), not
+// quietly replaced by a default or taken as "no bound"; and a --redis.* flag
+// without an address to connect to is refused rather than dropped while the
+// service counts in memory (each instance alone: N× the limits).
+func TestServeFlagsOutOfRange(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{args: []string{"--config.reload-interval", "0s"}, want: "--config.reload-interval 0s: must be positive"},
+		{args: []string{"--redis.url", "redis://h:1", "--redis.timeout", "-1ms"}, want: "--redis.timeout -1ms: must be positive"},
+		{args: []string{"--deny-cache.max-ttl", "-1s"}, want: "--deny-cache.max-ttl -1s: must be positive"},
+		{args: []string{"--shutdown.drain-timeout", "-1s"}, want: "--shutdown.drain-timeout -1s"},
+		{args: []string{"--debug.top-capacity", "0"}, want: "--debug.top-capacity 0: must be 1 or more"},
+		{args: []string{"--metrics.near-limit-ratio", "1.5"}, want: "--metrics.near-limit-ratio 1.5"},
+		{args: []string{"--metrics.near-limit-ratio", "-0.1"}, want: "--metrics.near-limit-ratio -0.1"},
+		{args: []string{"--metrics.near-limit-ratio", "NaN"}, want: "--metrics.near-limit-ratio NaN"},
+		{args: []string{"--deny-cache.max-entries", "-1"}, want: "--deny-cache.max-entries -1"},
+		{args: []string{"--fallback.instances", "-2"}, want: "--fallback.instances -2"},
+		{env: map[string]string{"ENVOY_RLS_REDIS_SENTINEL_MASTER": "mymaster"}, want: "--redis.sentinel-master set, but no Redis to connect to"},
+		{args: []string{"--redis.password", "x", "--redis.tls.ca", "ca.pem"}, want: "--redis.password, --redis.tls.ca set, but no Redis"},
+	} {
+		lookup := func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }
+		_, err := parseServeFlags(tc.args, io.Discard, lookup)
+		var u usageError
+		if !errors.As(err, &u) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q %v: %v, want a usage error containing %q", tc.args, tc.env, err, tc.want)
+		}
+	}
+	// The boundaries of those ranges are accepted.
+	for _, args := range [][]string{
+		{"--shutdown.drain-timeout", "0s", "--metrics.near-limit-ratio", "0", "--deny-cache.max-entries", "0"},
+		{"--metrics.near-limit-ratio", "1", "--debug.top-capacity", "1", "--redis.sentinel-addrs", "h:26379", "--redis.sentinel-master", "m"},
+	} {
+		if _, err := parseServeFlags(args, io.Discard, func(string) (string, bool) { return "", false }); err != nil {
+			t.Errorf("%q: %v", args, err)
+		}
 	}
 }

@@ -38,7 +38,7 @@ func openRedisStore(ctx context.Context, o storeOptions, log *slog.Logger, m *me
 
 		DisableFunctions: !o.redisFunctions,
 	}
-	if o.redisTLSCA != "" || o.redisTLSCert != "" || o.redisTLSServerName != "" || o.redisTLSInsecure {
+	if o.redisTLSCA != "" || o.redisTLSCert != "" || o.redisTLSKey != "" || o.redisTLSServerName != "" || o.redisTLSInsecure {
 		tlsCfg, err := redisbackend.TLSConfig(o.redisTLSCA, o.redisTLSCert, o.redisTLSKey, o.redisTLSServerName, o.redisTLSInsecure)
 		if err != nil {
 			return nil, fmt.Errorf("--redis.tls.*: %w", err)

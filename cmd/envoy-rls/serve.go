@@ -15,6 +15,7 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -91,8 +92,55 @@ func parseServeFlags(args []string, stderr io.Writer, lookupEnv func(string) (st
 	if err := applyEnv(fs, lookupEnv); err != nil {
 		return o, usageError{msg: err.Error()}
 	}
-	fs.Visit(func(f *flag.Flag) { o.gcPercentGiven = o.gcPercentGiven || f.Name == "runtime.gc-percent" })
+	var redisGiven []string
+	fs.Visit(func(f *flag.Flag) {
+		o.gcPercentGiven = o.gcPercentGiven || f.Name == "runtime.gc-percent"
+		if strings.HasPrefix(f.Name, "redis.") {
+			redisGiven = append(redisGiven, "--"+f.Name)
+		}
+	})
+	if err := o.checkRanges(); err != nil {
+		return o, err
+	}
+	if len(redisGiven) > 0 && !o.store.redisConfigured() {
+		// Counting in memory would multiply every limit by the number of
+		// instances: refuse rather than drop what was meant for Redis.
+		return o, usageError{msg: fmt.Sprintf("%s set, but no Redis to connect to: set --redis.url, --redis.cluster-addrs or --redis.sentinel-addrs (or leave every --redis.* flag out to count in memory)",
+			strings.Join(redisGiven, ", "))}
+	}
 	return o, nil
+}
+
+// checkRanges refuses a flag value outside its documented range with the
+// flag's name, where the packages would quietly take their default instead
+// (a zero or negative interval, capacity or timeout) or drop a bound (a
+// negative --redis.timeout or --deny-cache.max-ttl).
+func (o serveOptions) checkRanges() error {
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{
+		{"config.reload-interval", o.reloadInterval},
+		{"redis.timeout", o.store.redisTimeout},
+		{"deny-cache.max-ttl", o.store.denyCacheMaxTTL},
+	} {
+		if d.v <= 0 {
+			return usageError{msg: fmt.Sprintf("--%s %v: must be positive", d.flag, d.v)}
+		}
+	}
+	switch {
+	case o.drainTimeout < 0:
+		return usageError{msg: fmt.Sprintf("--shutdown.drain-timeout %v: must be 0 (stop at once) or more", o.drainTimeout)}
+	case o.debug.topCapacity < 1:
+		return usageError{msg: fmt.Sprintf("--debug.top-capacity %d: must be 1 or more", o.debug.topCapacity)}
+	case !(o.nearLimit >= 0 && o.nearLimit <= 1): // NaN too
+		return usageError{msg: fmt.Sprintf("--metrics.near-limit-ratio %v: must be from 0 (off) to 1", o.nearLimit)}
+	case o.store.denyCacheEntries < 0:
+		return usageError{msg: fmt.Sprintf("--deny-cache.max-entries %d: must be 0 (off) or more", o.store.denyCacheEntries)}
+	case o.store.fallbackInstances < 0:
+		return usageError{msg: fmt.Sprintf("--fallback.instances %d: must be 0 (learn) or more", o.store.fallbackInstances)}
+	}
+	return nil
 }
 
 // defaultConnWindow is --grpc.conn-window's default, 1 MiB: a rate-limit

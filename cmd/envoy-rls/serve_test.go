@@ -305,7 +305,7 @@ func TestGCPercent(t *testing.T) {
 }
 
 // TestServeRejectsBadFlags: serve refuses a negative --grpc.stream-workers
-// or --redis.spare-after, and a --grpc.conn-window that is negative or below
+// or --redis.spare-after, a --redis.tls.key without its certificate, and a --grpc.conn-window that is negative or below
 // HTTP/2's 65535 bytes (which grpc-go would ignore), with the flag's name,
 // before it listens or connects.
 func TestServeRejectsBadFlags(t *testing.T) {
@@ -322,6 +322,10 @@ func TestServeRejectsBadFlags(t *testing.T) {
 		{"--redis.spare-after", func(o *serveOptions) {
 			o.store.redisURL = "redis://127.0.0.1:1" // refused before any connection
 			o.store.redisSpareAfter = -time.Millisecond
+		}},
+		{"--redis.tls", func(o *serveOptions) {
+			o.store.redisURL = "redis://127.0.0.1:1"
+			o.store.redisTLSKey = "client.key" // without --redis.tls.cert: was ignored
 		}},
 	} {
 		o := serveOptions{configDir: dir, headers: "ietf", grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0"}
