@@ -330,7 +330,11 @@ func TestServeRejectsBadFlags(t *testing.T) {
 	} {
 		o := serveOptions{configDir: dir, headers: "ietf", grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0"}
 		tc.set(&o)
-		err := serve(context.Background(), o, log, nil, nil)
+		// A bound, not synchronisation: a flag accepted by mistake would
+		// serve until the context ends.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := serve(ctx, o, log, nil, nil)
+		cancel()
 		if err == nil || !strings.Contains(err.Error(), tc.flag) {
 			t.Errorf("serve with a bad %s: %v, want an error naming the flag", tc.flag, err)
 		}
