@@ -24,7 +24,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
@@ -213,7 +212,7 @@ type server struct {
 	log     *slog.Logger
 	watcher *descriptors.Watcher
 	store   *store
-	health  *health.Server
+	health  *healthService
 	grpc    *grpc.Server
 	http    *http.Server
 	debug   *http.Server
@@ -278,7 +277,7 @@ func serve(ctx context.Context, o serveOptions, log *slog.Logger, hup <-chan os.
 	}
 	dbg.setService(svc)
 
-	s := &server{log: log, watcher: watcher, store: st, reg: reg, health: health.NewServer(), dbg: dbg}
+	s := &server{log: log, watcher: watcher, store: st, reg: reg, health: newHealthService(), dbg: dbg}
 	grpcOpts := []grpc.ServerOption{
 		// Envoy keeps few long-lived HTTP/2 connections and multiplexes
 		// many small unary calls on them.
@@ -385,7 +384,7 @@ func (s *server) run(ctx context.Context, o serveOptions, hup <-chan os.Signal, 
 // then closes everything.
 func (s *server) shutdown(drain time.Duration) {
 	s.log.Info("stopping: draining in-flight requests", "timeout", drain)
-	s.health.Shutdown() // NOT_SERVING: Envoy's health checks move traffic away
+	s.health.Shutdown() // NOT_SERVING: Envoy's health checks move traffic away; Watch streams end
 	ctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
 	done := make(chan struct{})

@@ -340,3 +340,63 @@ func TestServeRejectsBadFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestStopEndsHealthWatches: a graceful stop with a health Watch stream
+// open (a probe, grpcurl, a mesh sidecar) sends the watcher NOT_SERVING and
+// ends its stream, so the stop completes with the in-flight requests, not
+// after the drain timeout (an hour here) with a hard Stop. Before, the open
+// stream held GracefulStop for the whole drain timeout.
+func TestStopEndsHealthWatches(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "t.yaml"), "domain: t\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n")
+	o := serveOptions{configDir: dir, headers: "ietf", grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0",
+		drainTimeout: time.Hour, reloadInterval: time.Hour}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	readyc := make(chan boundAddrs, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- serve(ctx, o, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, func(a boundAddrs) { readyc <- a })
+	}()
+	var addrs boundAddrs
+	select {
+	case addrs = <-readyc:
+	case err := <-done:
+		t.Fatalf("serve stopped before it was ready: %v", err)
+	}
+	conn, err := grpc.NewClient(addrs.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second) // a hang guard
+	defer wcancel()
+	watch, err := healthpb.NewHealthClient(conn).Watch(wctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h, err := watch.Recv(); err != nil || h.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("first Watch answer %v, %v; want SERVING", h, err)
+	}
+	cancel()
+	for {
+		h, err := watch.Recv()
+		if err != nil {
+			if wctx.Err() != nil {
+				t.Fatal("the Watch stream stayed open after the stop began")
+			}
+			break // the server ended the stream
+		}
+		if h.Status != healthpb.HealthCheckResponse_NOT_SERVING {
+			t.Errorf("Watch answer while stopping: %v, want NOT_SERVING", h.Status)
+		}
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("serve returned %v", err)
+		}
+	case <-time.After(30 * time.Second): // a hang guard; the drain timeout is an hour
+		t.Fatal("serve did not stop: the open Watch stream holds the graceful stop")
+	}
+}
