@@ -34,6 +34,9 @@ local function sw_admits(b, cur, prev, t, c, w, l)
   return cur + sw_weight(prev, t - bn * w, w) + c <= l
 end
 
+-- sw_walk_max bounds the steps that correct sw_retry_at's estimate.
+local sw_walk_max = 64
+
 -- sw_retry_at is the earliest t > now at which sw_admits holds for the
 -- unchanged counts: an analytic estimate, corrected with the predicate.
 local function sw_retry_at(b, cur, prev, now, c, w, l)
@@ -44,23 +47,42 @@ local function sw_retry_at(b, cur, prev, now, c, w, l)
     end
     return w - idiv(r * w, pr)
   end
+  -- In bucket b when the previous bucket's weight can fall far enough;
+  -- else in bucket b+1, where cur becomes the previous bucket (with
+  -- cur + c = l, at its very start). Without that fallthrough the walk
+  -- below stepped down from (b+2)·W one ms at a time: W steps, seconds to
+  -- minutes of a busy Redis for a window of an hour to a day.
+  local in_this = false
   if cur + c <= l then
     local e = earliest(prev, l - cur - c)
     if e < w then
       t = b * w + math.max(e, 0)
+      in_this = true
     end
-  else
+  end
+  if not in_this then
     local e = earliest(cur, l - c)
     if e < w then
       t = (b + 1) * w + math.max(e, 0)
     end
   end
+  -- The estimate is exact but for a rounding of r·W beyond 2^53: a step
+  -- or two of the predicate corrects it. More than sw_walk_max steps means
+  -- a wrong estimate (a bug): the call fails, and its Checks get their
+  -- failure mode, rather than Redis stay busy for up to W steps.
   t = math.max(t, now + 1)
+  local steps = 0
   while t > now + 1 and sw_admits(b, cur, prev, t - 1, c, w, l) do
-    t = t - 1
+    t, steps = t - 1, steps + 1
+    if steps > sw_walk_max then
+      error('envoy-rls: sliding window retry estimate off by more than ' .. sw_walk_max .. ' ms')
+    end
   end
   while not sw_admits(b, cur, prev, t, c, w, l) do
-    t = t + 1
+    t, steps = t + 1, steps + 1
+    if steps > sw_walk_max then
+      error('envoy-rls: sliding window retry estimate off by more than ' .. sw_walk_max .. ' ms')
+    end
   end
   return t
 end
