@@ -12,7 +12,8 @@
 //
 // Closed loop (default): --concurrency callers each send a request as soon as
 // the previous one is answered. Open loop (--rate R): request k is due at
-// t0 + k/R and its latency (and deadline) counts from that intended time, so
+// t0 + k/R and its latency counts from that intended time (its deadline from
+// its actual send), so
 // a server that stalls is charged for every request that should have been
 // sent meanwhile (no coordinated omission); --concurrency then bounds the
 // requests in flight, and requests a saturated generator sends late still
@@ -165,6 +166,9 @@ func parseLoad(args []string, stderr io.Writer) (loadConfig, error) {
 	}
 	if o.Requests < 0 || o.Rate < 0 || o.Cardinality < 1 || o.Connections < 1 || o.Concurrency < 1 || o.Warmup < 0 {
 		return cfg, errors.New("--requests, --rate and --warmup must not be negative; --cardinality, --connections and --concurrency must be at least 1")
+	}
+	if !(o.Rate <= bench.MaxRate) { // NaN and +Inf too
+		return cfg, fmt.Errorf("--rate %v: at most %d requests/s (0: closed loop)", o.Rate, int(bench.MaxRate))
 	}
 	if hits > 1<<32-1 {
 		return cfg, fmt.Errorf("--hits %d does not fit hits_addend (uint32)", hits)

@@ -44,11 +44,10 @@ type Options struct {
 	// results are discarded. 0 means none (the command line defaults to 2s).
 	Warmup time.Duration
 	// Rate, when positive, selects open-loop mode: request k of a phase is
-	// due at t0 + k/Rate, its latency is measured from that intended time,
-	// and its deadline (Timeout) runs from it too. A request that no caller
-	// was free to send in time is sent late and its lateness counts in its
-	// latency; one whose deadline passed before it could be sent is recorded
-	// as a DeadlineExceeded error with its full wait.
+	// due at t0 + k/Rate and its latency is measured from that intended
+	// time. A request that no caller was free to send in time is sent late,
+	// with its whole Timeout from the actual send, and its lateness counts
+	// in its latency. At most MaxRate.
 	Rate float64
 	// Domain is the rate-limit domain of every request. Default "edge".
 	Domain string
@@ -126,6 +125,9 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Rate < 0 || o.Warmup < 0 || o.Requests < 0 {
 		return o, errors.New("negative rate, warmup or request count")
 	}
+	if !(o.Rate <= MaxRate) { // NaN and +Inf too
+		return o, fmt.Errorf("--rate %v: at most %d requests/s (0: closed loop)", o.Rate, int(MaxRate))
+	}
 	if o.ConnWindow != 0 && (o.ConnWindow < 65535 || o.ConnWindow > math.MaxInt32) {
 		// grpc-go would ignore a smaller window without a word.
 		return o, fmt.Errorf("--conn-window %d: must be 0 or from 65535 to %d bytes", o.ConnWindow, math.MaxInt32)
@@ -138,6 +140,10 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	return o, nil
 }
+
+// MaxRate is the highest open-loop rate, 10 million requests/s: beyond, the
+// schedule's interval nears a nanosecond and a run would not end.
+const MaxRate = 1e7
 
 // Mode returns "open" for an open-loop (fixed-rate) run and "closed" otherwise.
 func (o Options) Mode() string {
@@ -328,15 +334,19 @@ func (c *caller) fill(i int64) {
 	}
 }
 
-// call sends one request whose latency counts from start and whose deadline
-// is start + Timeout, and records the outcome.
+// call sends one request whose latency counts from start (the intended
+// send time in open loop) and whose deadline is Timeout from the actual
+// send, and records the outcome. A late send gets the whole Timeout: a
+// deadline from the intended time made a generator that fell behind its
+// schedule give up on requests the server was answering, and report a
+// fraction of the server's rate.
 func (c *caller) call(ctx context.Context, start time.Time) {
 	if c.varies && c.o.Cardinality > 1 {
 		c.fill(c.rng.Int64N(c.o.Cardinality))
 	}
 	cc := c.conns.cc[c.next]
 	c.next = (c.next + 1) % len(c.conns.cc)
-	cctx, cancel := context.WithDeadline(ctx, start.Add(c.o.Timeout))
+	cctx, cancel := context.WithTimeout(ctx, c.o.Timeout)
 	var (
 		code rlsv3.RateLimitResponse_Code
 		err  error
@@ -390,6 +400,12 @@ func phase(ctx context.Context, o Options, cs *conns, stream uint64) (measuremen
 		start = closedLoop(ctx, &o, callers)
 	}
 	m.elapsed = o.Now().Sub(start)
+	if o.Rate > 0 {
+		// k requests scheduled 1/Rate apart occupy k intervals, the last
+		// one included: ending at the last answer would report a short run
+		// faster than its rate (3 requests at 1/s: 1.5/s).
+		m.elapsed = max(m.elapsed, time.Duration(float64(m.scheduled)/o.Rate*float64(time.Second)))
+	}
 	for _, c := range callers {
 		m.merge(&c.tally)
 	}

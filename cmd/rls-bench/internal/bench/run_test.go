@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"math"
 	"net"
 	"strconv"
 	"strings"
@@ -193,10 +194,9 @@ func TestRunOpenLoopSendsEveryScheduledRequest(t *testing.T) {
 		Rate:        5000,
 		Descriptors: mustTemplates(t, "remote_address=10.0.{i}", "tenant=t{i%10},user=u{i}"),
 		Cardinality: 50,
-		// In open loop the deadline runs from the intended send time; a
-		// loaded test machine (-race, other packages' tests) can fall far
-		// behind a 5000/s schedule, so give every request all the time it
-		// needs: this test checks accounting, not speed.
+		// A loaded test machine (-race, other packages' tests) can be slow
+		// to answer: give every request all the time it needs, since this
+		// test checks accounting, not speed.
 		Timeout: time.Hour,
 	})
 	if err != nil {
@@ -234,5 +234,55 @@ func TestRunUnreachableTarget(t *testing.T) {
 	})
 	if err == nil || !strings.Contains(err.Error(), "connect to "+addr) {
 		t.Errorf("Run against a closed port: err = %v, want a connect error naming %s", err, addr)
+	}
+}
+
+// TestLateSendGetsWholeTimeout: a request sent long after its intended time
+// (an open loop fallen behind its schedule) still gets the whole Timeout
+// from its actual send, and is charged its lateness: answered OK, with a
+// latency of at least the lateness. With the deadline at intended + Timeout
+// it expired before it was sent, and the run counted the server's answers
+// as DeadlineExceeded.
+func TestLateSendGetsWholeTimeout(t *testing.T) {
+	s := startNoop(t)
+	o, err := Options{Addr: s.Addr(), Descriptors: mustTemplates(t, "k=v"), Timeout: time.Minute}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, closeAll, err := dial(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll()
+	c := newCaller(&o, cs, 0, 0)
+	late := 2 * o.Timeout
+	c.call(context.Background(), o.Now().Add(-late))
+	if c.ok != 1 || len(c.errs) != 0 {
+		t.Fatalf("a late send: ok %d, errors %v; want it answered", c.ok, c.errs)
+	}
+	if q := c.hist.Max(); q < late {
+		t.Errorf("latency recorded %v, want at least the lateness %v", q, late)
+	}
+}
+
+// TestRunOpenLoopRate: an open-loop run of k requests reports at most its
+// rate: they take k intervals, not k-1 (4 requests at 20/s: 20/s, not
+// 26.7/s). Rates a schedule cannot keep, or that are not numbers, are
+// refused.
+func TestRunOpenLoopRate(t *testing.T) {
+	s := startNoop(t)
+	o := Options{Addr: s.Addr(), Descriptors: mustTemplates(t, "k=v"), Timeout: time.Minute, Requests: 4, Rate: 20}
+	res, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.OK != 4 || res.RPS > 20 || res.RPS <= 0 {
+		t.Errorf("4 requests at 20/s: ok %d, rps %v; want 4 at no more than 20/s", res.OK, res.RPS)
+	}
+	for _, rate := range []float64{math.NaN(), math.Inf(1), 2 * MaxRate} {
+		o.Rate = rate
+		if _, err := Run(context.Background(), o); err == nil || !strings.Contains(err.Error(), "--rate") {
+			t.Errorf("rate %v: %v, want an error naming --rate", rate, err)
+		}
 	}
 }

@@ -62,8 +62,22 @@ func scrapeHistogram(ctx context.Context, client *http.Client, h ServerHistogram
 		return nil, fmt.Errorf("server histogram: %s: %q is a %s, not a histogram", h.URL, h.Metric, mf.GetType())
 	}
 	sum := map[float64]float64{}
-	for _, m := range mf.GetMetric() {
+	var bounds []float64 // of the first series; every series must have them
+	for i, m := range mf.GetMetric() {
 		hist := m.GetHistogram()
+		var les []float64
+		for _, b := range hist.GetBucket() {
+			if !math.IsInf(b.GetUpperBound(), 1) {
+				les = append(les, b.GetUpperBound())
+			}
+		}
+		if i == 0 {
+			bounds = les
+		} else if !slices.Equal(les, bounds) {
+			// Added bound by bound, the sum would not be a histogram.
+			return nil, fmt.Errorf("server histogram: %s: the series of %q have different buckets (%v and %v); cannot add them",
+				h.URL, h.Metric, bounds, les)
+		}
 		for _, b := range hist.GetBucket() {
 			if !math.IsInf(b.GetUpperBound(), 1) { // +Inf is the sample count, added below
 				sum[b.GetUpperBound()] += float64(b.GetCumulativeCount())
@@ -76,11 +90,9 @@ func scrapeHistogram(ctx context.Context, client *http.Client, h ServerHistogram
 		out = append(out, bucket{le, c})
 	}
 	slices.SortFunc(out, func(a, b bucket) int { return cmp.Compare(a.le, b.le) })
-	// Series with different bucket bounds cannot be added: the sum would not
-	// be cumulative, and a quantile of it would be meaningless.
 	for i := 1; i < len(out); i++ {
 		if out[i].count < out[i-1].count {
-			return nil, fmt.Errorf("server histogram: %s: the series of %q have different buckets (le=%g counts %g, le=%g counts %g); cannot add them",
+			return nil, fmt.Errorf("server histogram: %s: %q is not cumulative (le=%g counts %g, le=%g counts %g)",
 				h.URL, h.Metric, out[i-1].le, out[i-1].count, out[i].le, out[i].count)
 		}
 	}

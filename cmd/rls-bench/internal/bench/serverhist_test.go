@@ -66,12 +66,20 @@ func TestScrapeHistogram(t *testing.T) {
 		"a": {{0.001, 3}, {inf, 3}},
 		"b": {{0.005, 1}, {inf, 1}},
 	})
+	// Different buckets whose sum happens to be cumulative: 0.5 would count
+	// 5 of the 6 observations at or below it, not all 6.
+	mixedCumulative := exposition(name, map[string][]bucket{
+		"a": {{0.1, 1}, {inf, 1}},
+		"b": {{0.5, 5}, {inf, 5}},
+	})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/metrics":
 			fmt.Fprint(w, body)
 		case "/mixed":
 			fmt.Fprint(w, mixed)
+		case "/mixed-cumulative":
+			fmt.Fprint(w, mixedCumulative)
 		case "/garbage":
 			fmt.Fprint(w, "not { prometheus\n")
 		default:
@@ -97,6 +105,7 @@ func TestScrapeHistogram(t *testing.T) {
 		{ServerHistogram{URL: srv.URL + "/fail", Metric: name}, "500"},
 		{ServerHistogram{URL: srv.URL + "/garbage", Metric: name}, "parse"},
 		{ServerHistogram{URL: srv.URL + "/mixed", Metric: name}, "different buckets"},
+		{ServerHistogram{URL: srv.URL + "/mixed-cumulative", Metric: name}, "different buckets"},
 	} {
 		if _, err := scrapeHistogram(ctx, srv.Client(), c.h); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("scrape %s %s: %v, want an error with %q", c.h.URL, c.h.Metric, err, c.want)
