@@ -43,9 +43,9 @@ func (a FixedWindow) Decide(s FixedWindowState, now int64, hits uint64) (Decisio
 	if n < a.Limit {
 		d.Remaining = a.Limit - n
 	}
-	d.ResetAfter += ms(step)
+	d.ResetAfter = plusMs(d.ResetAfter, step)
 	if d.RetryAfter > 0 {
-		d.RetryAfter += ms(step)
+		d.RetryAfter = plusMs(d.RetryAfter, step)
 	}
 	return d, FixedWindowState{Bucket: b, Count: n}
 }

@@ -1,8 +1,12 @@
 package algorithm
 
 import (
+	"math"
 	"math/big"
 	"testing"
+	"time"
+
+	"github.com/envoy-rls/envoy-rls/pkg/limiter"
 )
 
 // TestSlidingWindowWeightExact: the previous bucket's weight is
@@ -34,5 +38,27 @@ func TestSlidingWindowWeightExact(t *testing.T) {
 		if got := a.weight(c.prev, c.e); got != q.Uint64() {
 			t.Errorf("weight(%d, e=%d) of W=%d = %d, want %d", c.prev, c.e, c.w, got, q.Uint64())
 		}
+	}
+}
+
+// TestWaitsBeyondDuration: waits longer than a time.Duration holds (292
+// years), which limits the configuration accepts can produce, read as the
+// largest Duration, as the Redis backend reports them, never as a negative
+// or wrapped wait (the memory backend answered -2316860h and 490375h).
+func TestWaitsBeyondDuration(t *testing.T) {
+	const year = 365 * 24 * time.Hour
+	now := int64(1_767_225_600_000)
+	tb := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 1, Burst: 10000, Window: year}
+	d, s := Decide(tb, State{}, now, 10000) // the whole burst: 10,000 years to refill
+	if !d.Allowed || d.ResetAfter != math.MaxInt64 {
+		t.Errorf("token bucket after its burst: %+v, want admitted, ResetAfter the largest Duration", d)
+	}
+	if d, _ = Decide(tb, s, now, 5000); d.Allowed || d.RetryAfter != math.MaxInt64 || d.ResetAfter != math.MaxInt64 {
+		t.Errorf("token bucket, 5000 more: %+v, want denied, both waits the largest Duration", d)
+	}
+	sw := limiter.Limit{Algorithm: limiter.SlidingWindow, Requests: 1, Window: 2_000_000 * time.Hour}
+	_, s = Decide(sw, State{}, now, 1)
+	if d, _ = Decide(sw, s, now+1, 1); d.Allowed || d.RetryAfter != math.MaxInt64 || d.ResetAfter <= 0 {
+		t.Errorf("sliding window of 2,000,000 hours, second hit: %+v, want denied, RetryAfter the largest Duration", d)
 	}
 }

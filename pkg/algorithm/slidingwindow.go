@@ -111,9 +111,9 @@ func (a SlidingWindow) Decide(s SlidingWindowState, now int64, hits uint64) (Dec
 	if used := cur + pw; used < a.Limit {
 		d.Remaining = a.Limit - used
 	}
-	d.ResetAfter += ms(step)
+	d.ResetAfter = plusMs(d.ResetAfter, step)
 	if d.RetryAfter > 0 {
-		d.RetryAfter += ms(step)
+		d.RetryAfter = plusMs(d.RetryAfter, step)
 	}
 	return d, SlidingWindowState{Bucket: b, Cur: cur, Prev: prev}
 }

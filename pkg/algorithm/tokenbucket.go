@@ -87,12 +87,12 @@ func (a TokenBucket) Decide(s TokenBucketState, now int64, hits uint64) (Decisio
 			rel += c * w
 		}
 	default:
-		d.RetryAfter = ms(int64(ceilDiv(rel+c*w-tau, a.Limit)))
+		d.RetryAfter = msU(ceilDiv(rel+c*w-tau, a.Limit))
 	}
 	if rel < tau {
 		d.Remaining = (tau - rel) / w
 	}
-	d.ResetAfter = ms(int64(ceilDiv(rel, a.Limit)))
+	d.ResetAfter = msU(ceilDiv(rel, a.Limit))
 	if rel == 0 {
 		return d, TokenBucketState{}
 	}
