@@ -3,6 +3,7 @@ package redisbackend
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"maps"
 	"math"
 	"testing"
@@ -170,5 +171,55 @@ func TestMillisSaturates(t *testing.T) {
 		if got := millis(c.ms); got != c.want {
 			t.Errorf("millis(%d) = %v, want %v", c.ms, got, c.want)
 		}
+	}
+}
+
+// TestForeignSlidingLogMembers: a sliding log holding members envoy-rls
+// never writes is still counted, and a Check over it ends: a member named
+// with a sequence number beyond 2^53 at the current instant made the store
+// loop forever (seq + 1 == seq: every member it built was the same, and
+// Redis stayed BUSY, unkillable once it had written); a score far ahead, up
+// to inf, failed every admission on PEXPIRE's range or deleted the log by
+// a negative expiry. Each foreign member counts as one hit.
+func TestForeignSlidingLogMembers(t *testing.T) {
+	r := testenv.RedisServer(t)
+	clock := time.UnixMilli(1_767_225_600_123)
+	var ps prefixes
+	for name, z := range map[string]redis.Z{
+		"sequence beyond 2^53": {Score: float64(clock.UnixMilli()), Member: fmt.Sprintf("%d:99999999999999999", clock.UnixMilli())},
+		"score 1e19":           {Score: 1e19, Member: "x"},
+		"score inf":            {Score: math.Inf(1), Member: "y"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			prefix := ps.next()
+			b := newSingle(t, r, prefix, func() time.Time { return clock })
+			req := limiter.Request{Key: key("log"), Limit: limiter.Limit{Algorithm: limiter.SlidingLog, Requests: 10, Window: time.Minute}, Hits: 1}
+			ctx := context.Background()
+			res := make([]limiter.Result, 1)
+			if err := b.Check(ctx, []limiter.Request{req}, res); err != nil {
+				t.Fatalf("first Check: %v", err)
+			}
+			c := r.Client()
+			keys, err := c.Keys(ctx, prefix+"*").Result()
+			if err != nil || len(keys) != 1 {
+				t.Fatalf("KEYS %s*: %v, %v; want one log", prefix, keys, err)
+			}
+			if err := c.ZAdd(ctx, keys[0], z).Err(); err != nil {
+				t.Fatalf("ZADD: %v", err)
+			}
+			req.Hits = 3
+			if err := b.Check(ctx, []limiter.Request{req}, res); err != nil {
+				t.Fatalf("Check over the foreign member: %v", err)
+			}
+			if !res[0].Allowed || res[0].Remaining != 5 {
+				t.Errorf("Check over the foreign member: %+v, want allowed with 5 remaining (1 hit, the member, 3 hits)", res[0])
+			}
+			if n, err := c.ZCard(ctx, keys[0]).Result(); err != nil || n != 5 {
+				t.Errorf("ZCARD %d, %v; want the 5 members (the log was not lost)", n, err)
+			}
+			if ttl, err := c.PTTL(ctx, keys[0]).Result(); err != nil || ttl <= 0 {
+				t.Errorf("PTTL %v, %v; want an expiry", ttl, err)
+			}
+		})
 	}
 }

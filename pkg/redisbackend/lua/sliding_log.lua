@@ -87,10 +87,17 @@ function sliding_log.store(key, w, s, o, now)
   local t = fmt_int(now)
   -- Next seq: one more than the highest member at score now (members of
   -- equal score sort by name, and seq is zero-padded, so that is the last).
+  -- A foreign member's seq of 16 digits or more is ignored: beyond 2^53
+  -- seq + 1 == seq, every member built would be the same, and the loop
+  -- below would never end. Below 1e15 each pass names new members, so it
+  -- ends whatever members exist.
   local seq = 0
   local last = redis.call('ZRANGE', key, t, t, 'BYSCORE', 'REV', 'LIMIT', '0', '1')
   if last[1] then
-    seq = (tonumber(string.match(last[1], ':(%d+)$')) or 0) + 1
+    local n = tonumber(string.match(last[1], ':(%d+)$'))
+    if n and n < 1e15 then
+      seq = n + 1
+    end
   end
   while todo > 0 do
     local chunk = math.min(todo, 1000)
@@ -105,7 +112,9 @@ function sliding_log.store(key, w, s, o, now)
   local newest = redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
   local last = now
   if newest[2] then
-    last = math.max(last, tonumber(newest[2]))
+    -- A foreign score far ahead (up to inf) would overflow the expiry:
+    -- PEXPIRE fails the call, or a negative expiry deletes the log.
+    last = math.max(last, math.min(tonumber(newest[2]), now + ahead_max))
   end
   redis.call('PEXPIRE', key, px(last + w - now))
 end
