@@ -107,6 +107,22 @@ func TestForeignKeyTypes(t *testing.T) {
 	}
 }
 
+// firstKey makes a first Check of req on b, whose keys start with prefix,
+// and returns a client of r and the one key that Check wrote.
+func firstKey(t *testing.T, r *testenv.Redis, b *Backend, prefix string, req limiter.Request) (*redis.Client, string) {
+	t.Helper()
+	ctx := context.Background()
+	if err := b.Check(ctx, []limiter.Request{req}, make([]limiter.Result, 1)); err != nil {
+		t.Fatalf("first Check: %v", err)
+	}
+	c := r.Client()
+	keys, err := c.Keys(ctx, prefix+"*").Result()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("KEYS %s*: %v, %v; want one key", prefix, keys, err)
+	}
+	return c, keys[0]
+}
+
 // overwritten counts one hit on a fresh counter of alg (limit 3 a minute)
 // under prefix, overwrites its key with write, and checks that the next
 // Check answers as on an empty counter (admitted, 2 remaining), that the
@@ -120,18 +136,11 @@ func overwritten(t *testing.T, r *testenv.Redis, prefix string, alg limiter.Algo
 	req := limiter.Request{Key: key("foreign"), Limit: limiter.Limit{Algorithm: alg, Requests: 3, Window: time.Minute}, Hits: 1}
 	ctx := context.Background()
 	res := make([]limiter.Result, 1)
-	if err := b.Check(ctx, []limiter.Request{req}, res); err != nil {
-		t.Fatalf("first Check: %v", err)
-	}
-	c := r.Client()
-	keys, err := c.Keys(ctx, prefix+"*").Result()
-	if err != nil || len(keys) != 1 {
-		t.Fatalf("KEYS %s*: %v, %v; want one counter", prefix, keys, err)
-	}
-	if err := c.Del(ctx, keys[0]).Err(); err != nil {
+	c, k := firstKey(t, r, b, prefix, req)
+	if err := c.Del(ctx, k).Err(); err != nil {
 		t.Fatalf("DEL: %v", err)
 	}
-	if err := write(ctx, c, keys[0]); err != nil {
+	if err := write(ctx, c, k); err != nil {
 		t.Fatalf("writing the foreign key: %v", err)
 	}
 
@@ -148,7 +157,7 @@ func overwritten(t *testing.T, r *testenv.Redis, prefix string, alg limiter.Algo
 	if !res[0].Allowed || res[0].Remaining != 2 {
 		t.Errorf("Check over the foreign key: %+v, want allowed with 2 remaining (an empty counter plus this hit)", res[0])
 	}
-	stored(ctx, c, keys[0])
+	stored(ctx, c, k)
 	if n := used(t, b, req); n != 1 {
 		t.Errorf("counter holds %d hits, want 1", n)
 	}
@@ -196,15 +205,8 @@ func TestForeignSlidingLogMembers(t *testing.T) {
 			req := limiter.Request{Key: key("log"), Limit: limiter.Limit{Algorithm: limiter.SlidingLog, Requests: 10, Window: time.Minute}, Hits: 1}
 			ctx := context.Background()
 			res := make([]limiter.Result, 1)
-			if err := b.Check(ctx, []limiter.Request{req}, res); err != nil {
-				t.Fatalf("first Check: %v", err)
-			}
-			c := r.Client()
-			keys, err := c.Keys(ctx, prefix+"*").Result()
-			if err != nil || len(keys) != 1 {
-				t.Fatalf("KEYS %s*: %v, %v; want one log", prefix, keys, err)
-			}
-			if err := c.ZAdd(ctx, keys[0], z).Err(); err != nil {
+			c, k := firstKey(t, r, b, prefix, req)
+			if err := c.ZAdd(ctx, k, z).Err(); err != nil {
 				t.Fatalf("ZADD: %v", err)
 			}
 			req.Hits = 3
@@ -214,10 +216,10 @@ func TestForeignSlidingLogMembers(t *testing.T) {
 			if !res[0].Allowed || res[0].Remaining != 5 {
 				t.Errorf("Check over the foreign member: %+v, want allowed with 5 remaining (1 hit, the member, 3 hits)", res[0])
 			}
-			if n, err := c.ZCard(ctx, keys[0]).Result(); err != nil || n != 5 {
+			if n, err := c.ZCard(ctx, k).Result(); err != nil || n != 5 {
 				t.Errorf("ZCARD %d, %v; want the 5 members (the log was not lost)", n, err)
 			}
-			if ttl, err := c.PTTL(ctx, keys[0]).Result(); err != nil || ttl <= 0 {
+			if ttl, err := c.PTTL(ctx, k).Result(); err != nil || ttl <= 0 {
 				t.Errorf("PTTL %v, %v; want an expiry", ttl, err)
 			}
 		})

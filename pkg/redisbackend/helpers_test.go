@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -108,4 +109,30 @@ func used(t testing.TB, b *Backend, req limiter.Request) int64 {
 		t.Fatalf("probe: %v", err)
 	}
 	return int64(req.Limit.Requests - res[0].Remaining)
+}
+
+// admitAll runs goroutines on each backend until the key refuses, and returns
+// the number of admitted Checks.
+func admitAll(t *testing.T, backends []*Backend, req limiter.Request, perGoroutine int) int64 {
+	t.Helper()
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for _, b := range backends {
+		for range 8 {
+			wg.Go(func() {
+				res := make([]limiter.Result, 1)
+				for range perGoroutine {
+					if err := b.Check(context.Background(), []limiter.Request{req}, res); err != nil {
+						t.Errorf("Check: %v", err)
+						return
+					}
+					if res[0].Allowed {
+						admitted.Add(1)
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	return admitted.Load()
 }

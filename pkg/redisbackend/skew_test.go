@@ -2,40 +2,12 @@ package redisbackend
 
 import (
 	"context"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/envoy-rls/envoy-rls/internal/testenv"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
 )
-
-// admitAll runs goroutines on each backend until the key refuses, and returns
-// the number of admitted Checks.
-func admitAll(t *testing.T, backends []*Backend, req limiter.Request, perGoroutine int) int64 {
-	t.Helper()
-	var admitted atomic.Int64
-	var wg sync.WaitGroup
-	for _, b := range backends {
-		for range 8 {
-			wg.Go(func() {
-				res := make([]limiter.Result, 1)
-				for range perGoroutine {
-					if err := b.Check(context.Background(), []limiter.Request{req}, res); err != nil {
-						t.Errorf("Check: %v", err)
-						return
-					}
-					if res[0].Allowed {
-						admitted.Add(1)
-					}
-				}
-			})
-		}
-	}
-	wg.Wait()
-	return admitted.Load()
-}
 
 // TestRedisClockIgnoresInstanceClocks: two instances deciding on Redis TIME
 // (Now nil) enforce one limit, whatever their own clocks say. The algorithms
