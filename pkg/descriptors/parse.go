@@ -819,12 +819,13 @@ func Countable(l limiter.Limit) error {
 	return l.ExactRange()
 }
 
-// countTooLarge reports whether Countable refuses l for its requests alone,
-// whatever the window: a window's count, or a sliding log's.
+// countTooLarge reports whether Countable's refusal of l is for its
+// requests alone, whatever the window: always for a window (the only bound
+// it has is its count), for a sliding log past its cap.
 func countTooLarge(l limiter.Limit) bool {
 	switch l.Algorithm {
 	case limiter.SlidingWindow, limiter.FixedWindow:
-		return l.Requests > limiter.MaxWindowRequests
+		return true
 	case limiter.SlidingLog:
 		return l.Requests > MaxSlidingLogRequests
 	}

@@ -180,22 +180,22 @@ local function parse_state(v, max_x, max_yz)
 end
 
 -- window_max caches floor(exact / w) - 2 by window w: the largest bucket of
--- a window counter whose products with w stay exact (see load_windowed). Windows come from the configured rules, so few recur; it
--- is emptied at 1024 entries, which bounds its memory. As a Redis Function
--- the library's locals outlive the call (as a script, one call).
+-- a window counter whose products with w stay exact (see load_windowed).
+-- Windows come from the configured rules, so few recur; it is emptied at
+-- 1024 entries, which bounds its memory. As a Redis Function the library's
+-- locals outlive the call (as a script, one call).
 local window_max, window_max_count = {}, 0
 
 -- count_max (2^51) bounds a window counter's counts: three of them (the
--- count, the previous bucket's weight and the hits) add up below 2^53.
+-- count, the previous bucket's weight and the hits) add up below 2^53. The
+-- Go side refuses windows of more requests (limiter.MaxWindowRequests).
 local count_max = 2251799813685248
 
 -- load_windowed is the load of the window counters (key, w, now, v): the
 -- state stored as v (the key's MGET value, false if absent), read at now for
 -- a window of w ms. It is parse_state with a window's bounds: the bucket no
 -- more than ahead_max ahead of now and small enough that (b+2)·W is exact,
--- and the counts at most count_max (or the bucket's bound, when larger: W
--- of 4 ms or less), so that sums of counts stay exact (the Go side rejects
--- larger limits, so legitimate counts are below).
+-- and the counts at most count_max, so that sums of counts stay exact.
 --
 -- It runs for every counter of every call, so parse_state is written out in
 -- it (as helpers are in the windows' decide and store), and its bounds take
@@ -215,11 +215,7 @@ local function load_windowed(key, w, now, v)
     end
     -- x <= max makes x·w exact, so x·w <= now + ahead_max is exactly
     -- x <= idiv(now + ahead_max, w), without the division.
-    local cmax = max
-    if cmax < count_max then
-      cmax = count_max
-    end
-    if x >= 0 and y >= 0 and z >= 0 and x <= max and y <= cmax and z <= cmax and x * w <= now + ahead_max then
+    if x >= 0 and y >= 0 and z >= 0 and x <= max and y <= count_max and z <= count_max and x * w <= now + ahead_max then
       return {x, y, z}
     end
   end
