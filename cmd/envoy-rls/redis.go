@@ -19,9 +19,6 @@ import (
 // an in-process fallback and the heartbeat loop that learns how many
 // instances share the limits.
 func openRedisStore(ctx context.Context, o storeOptions, log *slog.Logger, m *metrics.Metrics) (*store, error) {
-	if o.redisSpareAfter < 0 {
-		return nil, fmt.Errorf("--redis.spare-after %v is negative", o.redisSpareAfter)
-	}
 	ro := redisbackend.Options{
 		URL:            o.redisURL,
 		ClusterAddrs:   o.redisClusterAddrs,

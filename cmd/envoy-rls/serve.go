@@ -111,9 +111,10 @@ func parseServeFlags(args []string, stderr io.Writer, lookupEnv func(string) (st
 }
 
 // checkRanges refuses a flag value outside its documented range with the
-// flag's name, where the packages would quietly take their default instead
-// (a zero or negative interval, capacity or timeout) or drop a bound (a
-// negative --redis.timeout or --deny-cache.max-ttl).
+// flag's name, before anything listens or connects: where the packages
+// would quietly take their default instead (a zero or negative interval,
+// capacity or timeout), drop a bound (a negative --redis.timeout or
+// --deny-cache.max-ttl) or ignore the value (a small --grpc.conn-window).
 func (o serveOptions) checkRanges() error {
 	for _, d := range []struct {
 		flag string
@@ -128,6 +129,14 @@ func (o serveOptions) checkRanges() error {
 		}
 	}
 	switch {
+	case o.grpcWorkers < 0:
+		return usageError{msg: fmt.Sprintf("--grpc.stream-workers %d: must be 0 or more", o.grpcWorkers)}
+	case o.grpcWindow != 0 && (o.grpcWindow < 65535 || o.grpcWindow > math.MaxInt32):
+		// grpc-go ignores a window below HTTP/2's initial 65535 bytes
+		// without a word: refuse it instead.
+		return usageError{msg: fmt.Sprintf("--grpc.conn-window %d: must be 0 or from 65535 to %d bytes", o.grpcWindow, math.MaxInt32)}
+	case o.store.redisSpareAfter < 0:
+		return usageError{msg: fmt.Sprintf("--redis.spare-after %v: must be 0 or more", o.store.redisSpareAfter)}
 	case o.drainTimeout < 0:
 		return usageError{msg: fmt.Sprintf("--shutdown.drain-timeout %v: must be 0 (stop at once) or more", o.drainTimeout)}
 	case o.debug.topCapacity < 1:
@@ -227,14 +236,6 @@ func serve(ctx context.Context, o serveOptions, log *slog.Logger, hup <-chan os.
 	headers, err := rls.ParseHeaderMode(o.headers)
 	if err != nil {
 		return usageError{msg: "--headers: " + err.Error()}
-	}
-	if o.grpcWorkers < 0 {
-		return usageError{msg: fmt.Sprintf("--grpc.stream-workers %d: must be 0 or more", o.grpcWorkers)}
-	}
-	if o.grpcWindow != 0 && (o.grpcWindow < 65535 || o.grpcWindow > math.MaxInt32) {
-		// grpc-go ignores a window below HTTP/2's initial 65535 bytes
-		// without a word: refuse it instead.
-		return usageError{msg: fmt.Sprintf("--grpc.conn-window %d: must be 0 or from 65535 to %d bytes", o.grpcWindow, math.MaxInt32)}
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -304,10 +304,10 @@ func TestGCPercent(t *testing.T) {
 	}
 }
 
-// TestServeRejectsBadFlags: serve refuses a negative --grpc.stream-workers
-// or --redis.spare-after, a --redis.tls.key without its certificate, and a --grpc.conn-window that is negative or below
-// HTTP/2's 65535 bytes (which grpc-go would ignore), with the flag's name,
-// before it listens or connects.
+// TestServeRejectsBadFlags: serve refuses a --redis.tls.key without its
+// certificate, with the flag's name, before it listens or connects. (Values
+// out of their range are refused earlier, by parseServeFlags:
+// TestServeFlagsOutOfRange.)
 func TestServeRejectsBadFlags(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "ok.yaml"), "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
@@ -316,13 +316,6 @@ func TestServeRejectsBadFlags(t *testing.T) {
 		flag string
 		set  func(*serveOptions)
 	}{
-		{"--grpc.stream-workers", func(o *serveOptions) { o.grpcWorkers = -1 }},
-		{"--grpc.conn-window", func(o *serveOptions) { o.grpcWindow = -1 }},
-		{"--grpc.conn-window", func(o *serveOptions) { o.grpcWindow = 65534 }},
-		{"--redis.spare-after", func(o *serveOptions) {
-			o.store.redisURL = "redis://127.0.0.1:1" // refused before any connection
-			o.store.redisSpareAfter = -time.Millisecond
-		}},
 		{"--redis.tls", func(o *serveOptions) {
 			o.store.redisURL = "redis://127.0.0.1:1"
 			o.store.redisTLSKey = "client.key" // without --redis.tls.cert: was ignored
