@@ -4,9 +4,13 @@ package algorithm
 // iff n + c ≤ Limit, where n is the number of logged hits later than
 // now − Window (so in (now−W, now] when the clock does not go back; hits
 // logged in the future of now also count, as they would in a Redis sorted
-// set trimmed with ZREMRANGEBYSCORE -inf now−W). It is exact: in every
-// half-open interval of length W at most Limit hits are admitted. Limits
-// are small (descriptor validation caps them at 10000).
+// set trimmed with ZREMRANGEBYSCORE -inf now−W). Hits are logged at
+// max(now, the newest entry's time): after a clock step back they are
+// logged at the newest time and count at least as long as they would at
+// now, never shorter, and the log's times never decrease (the Redis
+// backend's running totals rely on it). It is exact: in every half-open
+// interval of length W at most Limit hits are admitted. Limits are small
+// (descriptor validation caps them at 10000).
 type SlidingLog struct {
 	Limit  uint64
 	Window int64 // W in milliseconds
@@ -29,7 +33,7 @@ type SlidingLogState struct {
 //
 // Decide never modifies s: a consuming decision returns a new slice (one
 // allocation), so any earlier state stays valid and may be decided on
-// again. Hits at the instant of the newest entry are merged into it.
+// again. Hits logged at the newest entry's time are merged into it.
 func (a SlidingLog) Decide(s SlidingLogState, now int64, hits uint64) (Decision, SlidingLogState) {
 	c, consume := effectiveHits(hits)
 	cutoff := now - a.Window
@@ -77,27 +81,21 @@ func (a SlidingLog) Decide(s SlidingLogState, now int64, hits uint64) (Decision,
 
 // expiresAt is the instant the newest entry leaves the window.
 func (s SlidingLogState) expiresAt(w int64) int64 {
-	var last int64
-	for _, e := range s.Entries {
-		last = max(last, e.At)
+	if len(s.Entries) == 0 {
+		return w
 	}
-	return last + w
+	return s.Entries[len(s.Entries)-1].At + w
 }
 
-// insert returns a copy of the sorted log with e added (merged into an
-// entry of the same instant).
+// insert returns a copy of the log with e appended at max(e.At, the newest
+// entry's time), merged into the newest entry when that is its time.
 func insert(log []LogEntry, e LogEntry) []LogEntry {
-	i := len(log)
-	for i > 0 && log[i-1].At > e.At {
-		i--
-	}
-	if i > 0 && log[i-1].At == e.At {
+	if n := len(log); n > 0 && log[n-1].At >= e.At {
 		out := append([]LogEntry(nil), log...)
-		out[i-1].N += e.N
+		out[n-1].N += e.N
 		return out
 	}
 	out := make([]LogEntry, 0, len(log)+1)
-	out = append(out, log[:i]...)
-	out = append(out, e)
-	return append(out, log[i:]...)
+	out = append(out, log...)
+	return append(out, e)
 }

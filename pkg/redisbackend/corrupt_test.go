@@ -3,7 +3,6 @@ package redisbackend
 import (
 	"context"
 	"encoding/binary"
-	"fmt"
 	"maps"
 	"math"
 	"testing"
@@ -183,21 +182,28 @@ func TestMillisSaturates(t *testing.T) {
 	}
 }
 
-// TestForeignSlidingLogMembers: a sliding log holding members envoy-rls
-// never writes is still counted, and a Check over it ends: a member named
-// with a sequence number beyond 2^53 at the current instant made the store
-// loop forever (seq + 1 == seq: every member it built was the same, and
-// Redis stayed BUSY, unkillable once it had written); a score far ahead, up
-// to inf, failed every admission on PEXPIRE's range or deleted the log by
-// a negative expiry. Each foreign member counts as one hit.
+// TestForeignSlidingLogMembers: a sliding log holding a member envoy-rls
+// never writes counts as an empty log and is replaced by the next admitted
+// batch, as a foreign string counter is; a Check over it ends and sets an
+// expiry. (Under one member per hit, a member named with a sequence number
+// beyond 2^53 made the store loop forever, and a score far ahead, up to inf,
+// failed every admission on PEXPIRE's range or deleted the log by a
+// negative expiry.) Each case is the newest member, or out of order with
+// it, so the load reads it.
 func TestForeignSlidingLogMembers(t *testing.T) {
 	r := testenv.RedisServer(t)
 	clock := time.UnixMilli(1_767_225_600_123)
+	now := float64(clock.UnixMilli())
 	var ps prefixes
 	for name, z := range map[string]redis.Z{
-		"sequence beyond 2^53": {Score: float64(clock.UnixMilli()), Member: fmt.Sprintf("%d:99999999999999999", clock.UnixMilli())},
-		"score 1e19":           {Score: 1e19, Member: "x"},
-		"score inf":            {Score: math.Inf(1), Member: "y"},
+		"not a batch":              {Score: now, Member: "x"},
+		"start of 17 digits":       {Score: now, Member: "99999999999999999:1"},
+		"start beyond the maximum": {Score: now, Member: "9999999999999999:1"},
+		"count 0":                  {Score: now, Member: "0000000000000005:0"},
+		"score 1e19":               {Score: 1e19, Member: "0000000000000001:1"},
+		"score inf":                {Score: math.Inf(1), Member: "0000000000000001:1"},
+		"score not an integer":     {Score: now + 0.5, Member: "0000000000000001:1"},
+		"out of order":             {Score: now - 1, Member: "0000000000000007:1"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			prefix := ps.next()
@@ -213,11 +219,12 @@ func TestForeignSlidingLogMembers(t *testing.T) {
 			if err := b.Check(ctx, []limiter.Request{req}, res); err != nil {
 				t.Fatalf("Check over the foreign member: %v", err)
 			}
-			if !res[0].Allowed || res[0].Remaining != 5 {
-				t.Errorf("Check over the foreign member: %+v, want allowed with 5 remaining (1 hit, the member, 3 hits)", res[0])
+			if !res[0].Allowed || res[0].Remaining != 7 {
+				t.Errorf("Check over the foreign member: %+v, want allowed with 7 remaining (an empty log, 3 hits)", res[0])
 			}
-			if n, err := c.ZCard(ctx, k).Result(); err != nil || n != 5 {
-				t.Errorf("ZCARD %d, %v; want the 5 members (the log was not lost)", n, err)
+			v, err := c.ZRangeWithScores(ctx, k, 0, -1).Result()
+			if err != nil || len(v) != 1 || v[0].Member != "0000000000000000:3" || v[0].Score != now {
+				t.Errorf("log after the Check: %v, %v; want the one batch of 3 hits at now", v, err)
 			}
 			if ttl, err := c.PTTL(ctx, k).Result(); err != nil || ttl <= 0 {
 				t.Errorf("PTTL %v, %v; want an expiry", ttl, err)

@@ -17,7 +17,7 @@ import (
 //
 // where <id> is the first 16 bytes (128 bits) of
 //
-//	SHA-256( "rls2" || uvarint(len(Request.Key)) || Request.Key || algorithm byte || uvarint(window ms) )
+//	SHA-256( "rls2" || uvarint(len(Request.Key)) || Request.Key || algorithm byte || uvarint(window ms) [|| "log2"] )
 //
 // encoded with unpadded base64url (22 characters of [A-Za-z0-9_-]). Its value
 // depends on the algorithm (see the header of each lua/ file):
@@ -25,7 +25,7 @@ import (
 //	sliding_window   string "<bucket> <count> <count of the bucket before>"
 //	fixed_window     string "<bucket> <count> 0"
 //	token_bucket     string "<at> <debt> <per>"
-//	sliding_log      sorted set of hit times
+//	sliding_log      sorted set of batches of hits, a running total in each
 //
 // One key per counter keeps Redis memory at one small string per active
 // client and limit, lets the check read every counter of a request with one
@@ -52,6 +52,11 @@ const (
 	// "rls1" kept a windowed counter as one integer key per bucket
 	// (<prefix>{<id>}:<bucket>) and the others under suffixes ":tb", ":log".
 	keyVersion = "rls2"
+	// slidingLogVersion ends a sliding log's identity: its value changed
+	// from one member per hit to one member per batch with a running total
+	// (lua/sliding_log.lua), which an older instance would misread. The
+	// other algorithms' keys, whose values did not change, keep theirs.
+	slidingLogVersion = "log2"
 )
 
 // appendBaseKey appends the key "<prefix>{<id>}" of the counter of r to dst.
@@ -62,6 +67,9 @@ func appendBaseKey(dst []byte, prefix string, r *limiter.Request) []byte {
 	id = limiter.AppendKeyPart(id, r.Key)
 	id = append(id, byte(r.Limit.Algorithm))
 	id = binary.AppendUvarint(id, uint64(r.Limit.Window.Milliseconds()))
+	if r.Limit.Algorithm == limiter.SlidingLog {
+		id = append(id, slidingLogVersion...)
+	}
 	sum := sha256.Sum256(id)
 	dst = append(dst, prefix...)
 	dst = append(dst, '{')

@@ -1,28 +1,47 @@
--- sliding_log.lua: a sorted set of admitted hit times, the Lua twin of
+-- sliding_log.lua: a sorted set of admitted batches of hits, the Lua twin of
 -- pkg/algorithm.SlidingLog. Part of check.lua / refund.lua (concatenated after
 -- lib.lua).
 --
 -- Storage: the counter's key is a sorted set with one member per admitted
--- hit, score = the hit's time in ms, member = "<time>:<seq>" with seq a
--- zero-padded 10-digit counter of the hits at that time (one more than the
--- highest present, so members are unique; ZADD NX retries with the next seq
--- should one clash). Hits at or before now−W are trimmed when the set is
--- written; the key expires W after its newest hit. KEYS, ARGV: none of its
--- own; the driver passes the key. State table: {key, n = stored hits later
--- than now−W, added = tentative hits of this batch at now}. Stored hits are
--- counted and located with ZCOUNT and ZRANGE BYSCORE ... LIMIT, never loaded
--- whole. A key of another type (another program writing under the prefix)
--- counts as an empty log and is replaced by the next admitted hit, as a
--- foreign value in a string counter is (lib.lua): it must not fail the call,
--- which carries other callers' requests.
+-- batch (a group's hits on the counter), whatever its hits: a request of
+-- 10,000 hits is one member, not 10,000. Score: the time in ms the batch is
+-- logged at. Member "<start>:<count>": count >= 1 is the batch's hits, and
+-- start (16 zero-padded decimal digits) is a running total, the hits logged
+-- on the key before the batch, so the batch holds hits start+1 .. start+count
+-- and the batches' ranges follow one another without gap. A batch is logged
+-- at max(now, the newest batch's time): times never decrease as the total
+-- grows (after a clock step back the hits are logged at the newest time, and
+-- count at least as long as at now, never shorter). Members of one score sort
+-- by name, which the padding makes the order of start. Hence:
+--   the live hits are the newest batch's end minus the start of the oldest
+--   batch later than now−W (two reads of one member, O(log N) each);
+--   the k-th oldest live hit is in the last batch whose start is below the
+--   oldest's start + k (a binary search by rank, for a denial's retry).
+-- Batches at or before now−W are trimmed when the set is written; when none
+-- is left the total starts again from 0. The key expires W after its newest
+-- batch. KEYS, ARGV: none of its own; the driver passes the key. State table:
+-- {key, n = stored live hits, added = tentative hits of this group, last =
+-- the newest batch's end (0 if none), tlast = its time (false if none),
+-- start0, t0 = the oldest live batch's start and time (when n > 0), foreign}.
+--
+-- A key holding what envoy-rls does not write (another type, a member not of
+-- this form, a time not an integer within ahead_max of the clock, batches out
+-- of order) counts as an empty log and is replaced by the next admitted
+-- batch, as a foreign value in a string counter is (lib.lua): it must not fail
+-- the call, which carries other callers' requests, nor reach the arithmetic.
 
 -- The log is not a string: the driver does not read it with MGET (v is
--- always false here); load counts it.
+-- always false here); load reads it.
 local sliding_log = {string_state = false}
 
--- sl_pcall runs a sorted-set command that reads or trims the log and returns
--- its reply, or nil when the key holds another type; any other error is
--- raised as it is.
+-- sl_total_max bounds the running total (and a batch's count): sums of two
+-- stay exact, and 16 digits hold it. A key is renumbered from 0 before its
+-- total would pass it (store), which takes 10^15 hits without the key once
+-- being idle for a window.
+local sl_total_max = 1e15
+
+-- sl_pcall runs a sorted-set command on the log and returns its reply, or
+-- nil when the key holds another type; any other error is raised as it is.
 local function sl_pcall(...)
   local r = redis.pcall(...)
   if type(r) == 'table' and r.err then
@@ -34,20 +53,92 @@ local function sl_pcall(...)
   return r
 end
 
--- sl_nth returns the time of the k-th oldest stored hit later than cutoff.
-local function sl_nth(key, cutoff, k)
-  local r = redis.call('ZRANGE', key, '(' .. fmt_int(cutoff), '+inf', 'BYSCORE', 'LIMIT', fmt_int(k - 1), '1',
-    'WITHSCORES')
-  return tonumber(r[2])
+-- sl_parse returns the start and count of member m, or nil if envoy-rls
+-- does not write such a member.
+local function sl_parse(m)
+  local s, c = match(m or '', '^(%d+):(%d+)$')
+  if not s or #s ~= 16 then
+    return nil
+  end
+  s, c = tonum(s), tonum(c)
+  if s >= sl_total_max or c < 1 or c > sl_total_max then
+    return nil
+  end
+  return s, c
+end
+
+-- sl_time returns the score text v as a time, or nil if it is not an
+-- integer in [0, now + ahead_max].
+local function sl_time(v, now)
+  local t = tonum(v)
+  if t and t >= 0 and t <= now + ahead_max and t % 1 == 0 then
+    return t
+  end
+  return nil
+end
+
+-- sl_member formats the member of a batch.
+local function sl_member(start, count)
+  return format('%016d:%d', start, count)
+end
+
+local function sl_empty(key, foreign)
+  return {key = key, n = 0, added = 0, last = 0, tlast = false, foreign = foreign}
 end
 
 function sliding_log.load(key, w, now, v)
-  return {key = key, n = sl_pcall('ZCOUNT', key, '(' .. fmt_int(now - w), '+inf') or 0, added = 0}
+  local r = sl_pcall('ZRANGE', key, '-1', '-1', 'WITHSCORES')
+  if not r then
+    return sl_empty(key, true)
+  end
+  if not r[1] then
+    return sl_empty(key, false)
+  end
+  local s, c = sl_parse(r[1])
+  local t = sl_time(r[2], now)
+  if not s or not t then
+    return sl_empty(key, true)
+  end
+  local st = {key = key, n = 0, added = 0, last = s + c, tlast = t, foreign = false}
+  local cutoff = now - w
+  if t > cutoff then
+    -- The newest batch is live, so the oldest live one exists.
+    local o = rcall('ZRANGE', key, '(' .. fmt_int(cutoff), '+inf', 'BYSCORE', 'LIMIT', '0', '1', 'WITHSCORES')
+    local s0, t0 = sl_parse(o[1]), sl_time(o[2], now)
+    if not s0 or not t0 or s0 > s then
+      return sl_empty(key, true)
+    end
+    st.n, st.start0, st.t0 = s + c - s0, s0, t0
+  end
+  return st
+end
+
+-- sl_hit_time returns the time of the k-th oldest stored live hit (1 <= k <=
+-- s.n): the time of the last batch whose start is below start0 + k, found by
+-- a binary search over the ranks of the live batches. A member envoy-rls did
+-- not write gives the newest batch's time, after which no stored hit is
+-- left: later than the answer, never earlier.
+local function sl_hit_time(s, cutoff, k, now)
+  local key, target = s.key, s.start0 + k
+  local lo = rcall('ZCOUNT', key, '-inf', fmt_int(cutoff)) -- the oldest live batch's rank
+  local hi = rcall('ZCARD', key) - 1
+  while lo < hi do
+    local mid = hi - floor((hi - lo) / 2)
+    local start = sl_parse(rcall('ZRANGE', key, fmt_int(mid), fmt_int(mid))[1])
+    if not start then
+      return s.tlast
+    end
+    if start < target then
+      lo = mid
+    else
+      hi = mid - 1
+    end
+  end
+  return sl_time(rcall('ZRANGE', key, fmt_int(lo), fmt_int(lo), 'WITHSCORES')[2], now) or s.tlast
 end
 
 -- decide returns allowed, remaining, reset_ms, retry_ms and the new state.
 function sliding_log.decide(s, now, w, l, cap, c, consume)
-  local cutoff = now - w
   local added = s.added
   local n = s.n + added
   local ok, retry = false, 0
@@ -60,11 +151,14 @@ function sliding_log.decide(s, now, w, l, cap, c, consume)
       n = n + c
     end
   else
-    -- Enough hits must leave: the k-th oldest, k = n+c−L.
+    -- Enough hits must leave: the k-th oldest, k = n+c−L. The group's
+    -- tentative hits are logged at max(now, the newest batch's time).
     local k = n + c - l
     local t = now
     if k <= s.n then
-      t = sl_nth(s.key, cutoff, k)
+      t = sl_hit_time(s, now - w, k, now)
+    elseif s.tlast and s.tlast > t then
+      t = s.tlast
     end
     retry = t + w - now
   end
@@ -74,58 +168,85 @@ function sliding_log.decide(s, now, w, l, cap, c, consume)
   end
   local reset = w
   if s.n > 0 then
-    reset = sl_nth(s.key, cutoff, 1) + w - now
+    reset = s.t0 + w - now
   end
-  return ok, rem, reset, retry, {key = s.key, n = s.n, added = added}
+  return ok, rem, reset, retry, {key = s.key, n = s.n, added = added, last = s.last, tlast = s.tlast,
+    start0 = s.start0, t0 = s.t0, foreign = s.foreign}
+end
+
+-- sl_rewrite renumbers the batches from rank r on, oldest first: it takes up
+-- to take hits from the earliest of them (a batch left with none is
+-- removed) and moves each start down by shift plus the hits taken before
+-- it, so the ranges still follow one another. It returns false, changing
+-- nothing, if one of them is not a member envoy-rls writes.
+local function sl_rewrite(key, r, take, shift)
+  local m = rcall('ZRANGE', key, fmt_int(r), '-1', 'WITHSCORES')
+  local add, na, d = {}, 0, shift
+  for i = 1, #m, 2 do
+    local s, c = sl_parse(m[i])
+    if not s or s < d then
+      return false
+    end
+    local x = math.min(c, take)
+    take = take - x
+    if c > x then
+      add[na + 1], add[na + 2] = m[i + 1], sl_member(s - d, c - x)
+      na = na + 2
+    end
+    d = d + x
+  end
+  for i = 1, #m, 2000 do
+    local e = math.min(i + 1998, #m - 1)
+    local old = {}
+    for j = i, e, 2 do
+      old[#old + 1] = m[j]
+    end
+    rcall('ZREM', key, unpack_list(old))
+  end
+  for i = 1, na, 2000 do
+    rcall('ZADD', key, unpack_list(add, i, math.min(i + 1999, na)))
+  end
+  return true
 end
 
 function sliding_log.store(key, w, s, o, now)
-  if not sl_pcall('ZREMRANGEBYSCORE', key, '-inf', fmt_int(now - w)) then
-    redis.call('DEL', key) -- another type, counted as an empty log by load
-  end
-  local todo = s.added
-  local t = fmt_int(now)
-  -- Next seq: one more than the highest member at score now (members of
-  -- equal score sort by name, and seq is zero-padded, so that is the last).
-  -- A foreign member's seq of 16 digits or more is ignored: beyond 2^53
-  -- seq + 1 == seq, every member built would be the same, and the loop
-  -- below would never end. Below 1e15 each pass names new members, so it
-  -- ends whatever members exist.
-  local seq = 0
-  local last = redis.call('ZRANGE', key, t, t, 'BYSCORE', 'REV', 'LIMIT', '0', '1')
-  if last[1] then
-    local n = tonumber(string.match(last[1], ':(%d+)$'))
-    if n and n < 1e15 then
-      seq = n + 1
+  local base = s.last
+  if s.foreign then
+    rcall('DEL', key)
+    base = 0
+  else
+    rcall('ZREMRANGEBYSCORE', key, '-inf', fmt_int(now - w))
+    if s.n == 0 then
+      base = 0 -- every batch has left: the total starts again
+    elseif base + s.added >= sl_total_max then
+      -- Renumber the live batches from 0. Should one of them not be
+      -- envoy-rls's, the log is replaced as a foreign one is.
+      if sl_rewrite(key, 0, 0, s.start0) then
+        base = base - s.start0
+      else
+        rcall('DEL', key)
+        base = 0
+      end
     end
   end
-  while todo > 0 do
-    local chunk = math.min(todo, 1000)
-    local args = {}
-    for i = 1, chunk do
-      args[2 * i - 1] = t
-      args[2 * i] = t .. ':' .. string.format('%010.0f', seq)
-      seq = seq + 1
-    end
-    todo = todo - redis.call('ZADD', key, 'NX', unpack(args))
+  local t = now
+  if s.tlast and s.tlast > t then
+    t = s.tlast
   end
-  local newest = redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
-  local last = now
-  if newest[2] then
-    -- A foreign score far ahead (up to inf) would overflow the expiry:
-    -- PEXPIRE fails the call, or a negative expiry deletes the log.
-    last = math.max(last, math.min(tonumber(newest[2]), now + ahead_max))
-  end
-  redis.call('PEXPIRE', key, px(last + w - now))
+  rcall('ZADD', key, fmt_int(t), sl_member(base, s.added))
+  rcall('PEXPIRE', key, px(t + w - now))
 end
 
--- refund takes back c hits admitted at now (Cluster: another slot denied) by
--- removing c members scored now: hits at the same instant are
--- interchangeable, so which ones go does not matter.
+-- refund takes back c hits that a check admitted at now (Cluster: another
+-- slot denied). That batch was logged at now or later (max(now, the newest
+-- time)), so the hits are taken from the earliest batches logged at or after
+-- now, and the later batches renumbered. Should another batch of that time
+-- give them instead, its hits are left logged at a later time than they
+-- were admitted: they count longer, never shorter. A key that has expired
+-- meanwhile, or holds what envoy-rls does not write, is left alone.
 function sliding_log.refund(key, w, c, l, now)
-  local t = fmt_int(now)
-  local m = redis.call('ZRANGE', key, t, t, 'BYSCORE', 'LIMIT', '0', fmt_int(c))
-  for i = 1, #m, 1000 do
-    redis.call('ZREM', key, unpack(m, i, math.min(i + 999, #m)))
+  local r = sl_pcall('ZCOUNT', key, '-inf', '(' .. fmt_int(now))
+  if r then
+    sl_rewrite(key, r, c, 0)
   end
 end
