@@ -7,7 +7,8 @@
 # the Lua scripts can be measured on a shared machine.
 #
 #   scripts/callgrind-check.sh [PER_CALL [MIX]]   # Checks per call, default 4;
-#                                                 # MIX 3desc (default) or 4limits
+#                                                 # MIX 3desc (default), 4limits,
+#                                                 # log1 or log100 (a sliding log)
 #
 # It starts redis-server under callgrind on a free loopback port, runs
 # BenchmarkCheckUnderCallgrind (pkg/redisbackend) against it, and prints the
@@ -58,5 +59,7 @@ dump="$TMP/callgrind.out.1"
 	exit 1
 }
 total="$(callgrind_annotate "$dump" | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')"
-fcall="$(callgrind_annotate --inclusive=yes "$dump" | awk '/fcallCommand/ { gsub(",", "", $1); print $1; exit }')"
+# awk reads to the end: leaving early would end callgrind_annotate by
+# SIGPIPE, which pipefail and set -e turn into a silent exit 141.
+fcall="$(callgrind_annotate --inclusive=yes "$dump" | awk '/fcallCommand/ && !seen { gsub(",", "", $1); print $1; seen = 1 }')"
 echo "callgrind-check: $MIX, $PER_CALL Checks per call, $checks Checks measured: $((total / checks)) instructions per Check, $((fcall / checks)) inside FCALL"

@@ -199,7 +199,9 @@ func benchBackToBack(b *testing.B, mix func(i int) []limiter.Request) {
 //     make bench's "3 desc";
 //   - 4limits: make bench's "4 limits" (testdata/bench/bench4.yaml): the
 //     middle descriptor (plan+user) has a token bucket of a second and an
-//     hourly sliding window.
+//     hourly sliding window;
+//   - log1, log100: one sliding log of 10,000 a minute, and a request of 1
+//     or of 100 hits (what a hit costs a log).
 var checkMixes = map[string]func(i int) []limiter.Request{
 	"3desc": func(i int) []limiter.Request {
 		lim := limiter.Limit{Requests: 1 << 30, Window: time.Minute}
@@ -221,6 +223,17 @@ var checkMixes = map[string]func(i int) []limiter.Request{
 			{Key: key("bench4", "bench4_route", "route", "/api/r"+strconv.Itoa(i%20)), Limit: minute, Hits: 1},
 		}
 	},
+	"log1":   logMix(1),
+	"log100": logMix(100),
+}
+
+// logMix returns the mix of one sliding log (10,000 a minute) and a request
+// of hits.
+func logMix(hits uint64) func(i int) []limiter.Request {
+	lim := limiter.Limit{Algorithm: limiter.SlidingLog, Requests: 10_000, Window: time.Minute}
+	return func(i int) []limiter.Request {
+		return []limiter.Request{{Key: key("log", "remote_address", "10."+strconv.Itoa(i)), Limit: lim, Hits: hits}}
+	}
 }
 
 // mixCalls loads the library into be's server and returns calls check
@@ -275,7 +288,7 @@ func BenchmarkCheckUnderCallgrind(b *testing.B) {
 	mixName := cmp.Or(os.Getenv("ENVOY_RLS_CALLGRIND_MIX"), "3desc")
 	mix, ok := checkMixes[mixName]
 	if !ok {
-		b.Fatalf("ENVOY_RLS_CALLGRIND_MIX=%q: want 3desc or 4limits", mixName)
+		b.Fatalf("ENVOY_RLS_CALLGRIND_MIX=%q: want 3desc, 4limits, log1 or log100", mixName)
 	}
 	perCall := 4
 	if v := os.Getenv("ENVOY_RLS_CALLGRIND_PER_CALL"); v != "" {
@@ -376,6 +389,44 @@ func BenchmarkMemoryPerKey(b *testing.B) {
 				i++
 			}
 			b.ReportMetric(float64(used()-before)/float64(b.N), "redis-B/key")
+		})
+	}
+}
+
+// BenchmarkSlidingLogHits measures a sliding log's cost by the hits of a
+// request: each operation is one Check of hits on a fresh log (a limit of
+// 10,000 an hour), with Redis's CPU and memory per Check. A log stores one
+// member per admitted request, so neither should grow with the hits (with
+// one member per hit, 10,000 hits cost Redis 10.6 ms). Keep -benchtime
+// small: every operation leaves a key.
+//
+//	go test -run '^$' -bench SlidingLogHits -benchtime 300x ./pkg/redisbackend
+func BenchmarkSlidingLogHits(b *testing.B) {
+	r := testenv.RedisServer(b)
+	c := r.Client()
+	ctx := context.Background()
+	for _, hits := range []uint64{1, 100, 1000, 10_000} {
+		b.Run(fmt.Sprintf("hits=%d", hits), func(b *testing.B) {
+			if err := c.FlushAll(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			be := newSingle(b, r, DefaultKeyPrefix, nil)
+			l := limiter.Limit{Algorithm: limiter.SlidingLog, Requests: 10_000, Window: time.Hour}
+			res := make([]limiter.Result, 1)
+			if err := be.Check(ctx, []limiter.Request{{Key: "warm-up", Limit: l}}, res); err != nil {
+				b.Fatal(err)
+			}
+			before, cpu := r.InfoInt(b, "memory", "used_memory"), r.CPU(b)
+			i := 0
+			for b.Loop() {
+				q := []limiter.Request{{Key: key("log", strconv.Itoa(i)), Limit: l, Hits: hits}}
+				if err := be.Check(ctx, q, res); err != nil || !res[0].Allowed {
+					b.Fatalf("Check of %d hits on a fresh log: %+v, %v", hits, res[0], err)
+				}
+				i++
+			}
+			b.ReportMetric(float64((r.CPU(b)-cpu).Microseconds())/float64(b.N), "redis-cpu-µs/check")
+			b.ReportMetric(float64(r.InfoInt(b, "memory", "used_memory")-before)/float64(b.N), "redis-B/key")
 		})
 	}
 }
