@@ -398,7 +398,8 @@ func BenchmarkMemoryPerKey(b *testing.B) {
 // 10,000 an hour), with Redis's CPU and memory per Check. A log stores one
 // member per admitted request, so neither should grow with the hits (with
 // one member per hit, 10,000 hits cost Redis 10.6 ms). Keep -benchtime
-// small: every operation leaves a key.
+// small: every operation leaves a key. denied/requests=10000 is a denial
+// whose Retry-After is searched among 10,000 logged requests.
 //
 //	go test -run '^$' -bench SlidingLogHits -benchtime 300x ./pkg/redisbackend
 func BenchmarkSlidingLogHits(b *testing.B) {
@@ -428,5 +429,28 @@ func BenchmarkSlidingLogHits(b *testing.B) {
 			b.ReportMetric(float64((r.CPU(b)-cpu).Microseconds())/float64(b.N), "redis-cpu-µs/check")
 			b.ReportMetric(float64(r.InfoInt(b, "memory", "used_memory")-before)/float64(b.N), "redis-B/key")
 		})
-	}
+	}	// A denial on a full log of 10,000 one-hit requests whose Retry-After
+	// is the 5,000th oldest hit's time: the search among the requests.
+	b.Run("denied/requests=10000", func(b *testing.B) {
+		if err := c.FlushAll(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+		be := newSingle(b, r, DefaultKeyPrefix, nil)
+		l := limiter.Limit{Algorithm: limiter.SlidingLog, Requests: 10_000, Window: time.Hour}
+		q := []limiter.Request{{Key: key("full"), Limit: l, Hits: 1}}
+		res := make([]limiter.Result, 1)
+		for range l.Requests {
+			if err := be.Check(ctx, q, res); err != nil || !res[0].Allowed {
+				b.Fatalf("filling the log: %+v, %v", res[0], err)
+			}
+		}
+		q[0].Hits = 5_000
+		cpu := r.CPU(b)
+		for b.Loop() {
+			if err := be.Check(ctx, q, res); err != nil || res[0].Allowed || res[0].RetryAfter <= 0 {
+				b.Fatalf("5,000 hits on a full log: %+v, %v; want a denial with a Retry-After", res[0], err)
+			}
+		}
+		b.ReportMetric(float64((r.CPU(b)-cpu).Microseconds())/float64(b.N), "redis-cpu-µs/check")
+	})
 }

@@ -15,8 +15,8 @@
 -- by name, which the padding makes the order of start. Hence:
 --   the live hits are the newest batch's end minus the start of the oldest
 --   batch later than now−W (two reads of one member, O(log N) each);
---   the k-th oldest live hit is in the last batch whose start is below the
---   oldest's start + k (a binary search by rank, for a denial's retry).
+--   the k-th oldest live hit is in the batch holding hit number start0 + k
+--   (a search by rank, for a denial's retry; see sl_hit_time).
 -- Batches at or before now−W are trimmed when the set is written; when none
 -- is left the total starts again from 0. The key expires W after its newest
 -- batch. KEYS, ARGV: none of its own; the driver passes the key. State table:
@@ -114,27 +114,43 @@ function sliding_log.load(key, w, now, v)
 end
 
 -- sl_hit_time returns the time of the k-th oldest stored live hit (1 <= k <=
--- s.n): the time of the last batch whose start is below start0 + k, found by
--- a binary search over the ranks of the live batches. A member envoy-rls did
--- not write gives the newest batch's time, after which no stored hit is
--- left: later than the answer, never earlier.
+-- s.n): the time of the batch holding hit start0 + k. It searches the ranks
+-- of the live batches, keeping lo's start and hi's end around the hit, and
+-- probes alternately where the hit would be if the batches in between held
+-- equal hits (found at once when they do, as with one hit per request) and
+-- at the middle (at most twice a binary search's probes however they are
+-- spread). A probe reads the batch's start and count, so it recognises the
+-- batch itself. A member envoy-rls did not write, or batches that do not
+-- follow one another, give the newest batch's time, after which no stored
+-- hit is left: later than the answer, never earlier.
 local function sl_hit_time(s, cutoff, k, now)
   local key, target = s.key, s.start0 + k
   local lo = rcall('ZCOUNT', key, '-inf', fmt_int(cutoff)) -- the oldest live batch's rank
   local hi = rcall('ZCARD', key) - 1
-  while lo < hi do
-    local mid = hi - floor((hi - lo) / 2)
-    local start = sl_parse(rcall('ZRANGE', key, fmt_int(mid), fmt_int(mid))[1])
+  local slo, ehi, bisect = s.start0, s.last, false -- slo < target <= ehi
+  while lo <= hi do
+    local m
+    if bisect then
+      m = lo + floor((hi - lo) / 2)
+    else
+      m = lo + floor((target - 1 - slo) * (hi - lo + 1) / (ehi - slo))
+      m = math.max(lo, math.min(hi, m))
+    end
+    bisect = not bisect
+    local r = rcall('ZRANGE', key, fmt_int(m), fmt_int(m), 'WITHSCORES')
+    local start, count = sl_parse(r[1])
     if not start then
       return s.tlast
     end
-    if start < target then
-      lo = mid
+    if start >= target then
+      hi, ehi = m - 1, start
+    elseif start + count < target then
+      lo, slo = m + 1, start + count
     else
-      hi = mid - 1
+      return sl_time(r[2], now) or s.tlast
     end
   end
-  return sl_time(rcall('ZRANGE', key, fmt_int(lo), fmt_int(lo), 'WITHSCORES')[2], now) or s.tlast
+  return s.tlast
 end
 
 -- decide returns allowed, remaining, reset_ms, retry_ms and the new state.
