@@ -429,7 +429,8 @@ func BenchmarkSlidingLogHits(b *testing.B) {
 			b.ReportMetric(float64((r.CPU(b)-cpu).Microseconds())/float64(b.N), "redis-cpu-µs/check")
 			b.ReportMetric(float64(r.InfoInt(b, "memory", "used_memory")-before)/float64(b.N), "redis-B/key")
 		})
-	} // A denial on a full log of 10,000 one-hit requests whose Retry-After
+	}
+	// A denial on a full log of 10,000 one-hit requests whose Retry-After
 	// is the 5,000th oldest hit's time: the search among the requests.
 	b.Run("denied/requests=10000", func(b *testing.B) {
 		if err := c.FlushAll(ctx).Err(); err != nil {
