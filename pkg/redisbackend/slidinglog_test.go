@@ -281,3 +281,93 @@ func TestSlidingLogRefundAmongLaterBatches(t *testing.T) {
 		})
 	}
 }
+
+// TestSlidingLogRefundEdges: the refund of X's 4 hits, admitted at T on a
+// limit of 10 a second, in the cases where its batch is not simply among
+// others (single node, the Cluster's refund script):
+//   - it arrives after X's batch left the window and Y filled the limit:
+//     it must take none of Y's hits (it took 4, and 14 were admitted);
+//   - X's batch was the key's first, and a later batch remains: the key
+//     keeps its expiry (emptying the set on the way dropped it, and the
+//     key lived for ever);
+//   - the clock had stepped back behind the log's newest batch, so X's
+//     batch was logged there: nothing is taken (the hits stay counted, an
+//     under-admission for a window at most).
+func TestSlidingLogRefundEdges(t *testing.T) {
+	r := testenv.RedisServer(t)
+	const T = int64(1_767_225_600_000)
+	lim := limiter.Limit{Algorithm: limiter.SlidingLog, Requests: 10, Window: time.Second}
+	ctx := context.Background()
+	type env struct {
+		b      *Backend
+		clock  *atomic.Int64
+		prefix string
+	}
+	// admitX makes X's slot call at the clock's time, admitted, and returns
+	// its requests and results for the refund.
+	admitX := func(t *testing.T, e env, x *slotCall) ([]limiter.Request, []limiter.Result) {
+		t.Helper()
+		reqs := []limiter.Request{{Key: key("x"), Limit: lim, Hits: 4}}
+		results := make([]limiter.Result, 1)
+		x.now, x.committed, x.err = e.b.call(ctx, reqs, nil, results, nil)
+		if x.err != nil || !x.committed || !results[0].Allowed {
+			t.Fatalf("X: err %v, committed %v, %+v", x.err, x.committed, results[0])
+		}
+		x.idx = []int{0}
+		return reqs, results
+	}
+	check := func(t *testing.T, e env, hits uint64) {
+		t.Helper()
+		res := make([]limiter.Result, 1)
+		if err := e.b.Check(ctx, []limiter.Request{{Key: key("x"), Limit: lim, Hits: hits}}, res); err != nil || !res[0].Allowed {
+			t.Fatalf("%d hits at %d: %+v, %v; want admitted", hits, e.clock.Load(), res[0], err)
+		}
+	}
+	for _, c := range []struct {
+		name  string
+		setup func(t *testing.T, e env) // before X, clock at T
+		after func(t *testing.T, e env) // between X and its refund
+		want  map[int64]uint64          // the log's hits after the refund
+		more  int64                     // hits admitted after it at the clock's time
+	}{
+		{"after X's batch left the window", nil,
+			func(t *testing.T, e env) { e.clock.Store(T + 1000); check(t, e, 10) },
+			map[int64]uint64{T + 1000: 10}, 0},
+		{"X's batch the key's first", nil,
+			func(t *testing.T, e env) { e.clock.Store(T + 3); check(t, e, 2) },
+			map[int64]uint64{T + 3: 2}, 8},
+		{"after a clock step back",
+			func(t *testing.T, e env) { e.clock.Store(T + 500); check(t, e, 1); e.clock.Store(T) },
+			nil,
+			map[int64]uint64{T + 500: 5}, 5},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var clock atomic.Int64
+			clock.Store(T)
+			e := env{clock: &clock, prefix: t.Name() + ":"}
+			e.b = newSingle(t, r, e.prefix, func() time.Time { return time.UnixMilli(clock.Load()) })
+			if c.setup != nil {
+				c.setup(t, e)
+			}
+			var x slotCall
+			reqs, results := admitX(t, e, &x)
+			if c.after != nil {
+				c.after(t, e)
+			}
+			if err := e.b.refund(ctx, reqs, &x, results); err != nil {
+				t.Fatalf("refund: %v", err)
+			}
+			rc := r.Client()
+			if _, hits := readLog(t, rc, e.prefix, reqs[0]); fmt.Sprint(hits) != fmt.Sprint(c.want) {
+				t.Errorf("log after X's refund: %v, want %v", hits, c.want)
+			}
+			if ttl, err := rc.PTTL(ctx, baseKey(e.prefix, reqs[0])).Result(); err != nil || ttl <= 0 {
+				t.Errorf("PTTL after X's refund: %v, %v; want an expiry", ttl, err)
+			}
+			one := limiter.Request{Key: key("x"), Limit: lim, Hits: 1}
+			if got := admitAll(t, []*Backend{e.b}, one, 4); got != c.more {
+				t.Errorf("after the refund %d more hits admitted, want %d", got, c.more)
+			}
+		})
+	}
+}

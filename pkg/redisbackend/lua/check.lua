@@ -204,10 +204,11 @@ while a <= #ARGV do
   end
 
   if veto or alt then
-    -- Figures without consumption: a check of one hit on the stored state.
+    -- Figures without consumption: a check of one hit on the stored state
+    -- (no retry wanted: a sliding log skips its search).
     for i = 1, n do
       local p = parsed[i]
-      local _, rem, reset = p[1].decide(orig[first[i]], now, p[2], p[3], p[4], 1, false)
+      local _, rem, reset = p[1].decide(orig[first[i]], now, p[2], p[3], p[4], 1, false, true)
       local j = o + 2 + (i - 1) * stride
       if veto then
         out[j + 2], out[j + 3] = rem, reset

@@ -154,7 +154,9 @@ local function sl_hit_time(s, cutoff, k, now)
 end
 
 -- decide returns allowed, remaining, reset_ms, retry_ms and the new state.
-function sliding_log.decide(s, now, w, l, cap, c, consume)
+-- With no_retry (check.lua's figures without consumption, whose retry it
+-- drops) a denial's retry is not searched.
+function sliding_log.decide(s, now, w, l, cap, c, consume, no_retry)
   local added = s.added
   local n = s.n + added
   local ok, retry = false, 0
@@ -171,7 +173,9 @@ function sliding_log.decide(s, now, w, l, cap, c, consume)
     -- tentative hits are logged at max(now, the newest batch's time).
     local k = n + c - l
     local t = now
-    if k <= s.n then
+    if no_retry then
+      t = now
+    elseif k <= s.n then
       t = sl_hit_time(s, now - w, k, now)
     elseif s.tlast and s.tlast > t then
       t = s.tlast
@@ -191,36 +195,49 @@ function sliding_log.decide(s, now, w, l, cap, c, consume)
 end
 
 -- sl_rewrite renumbers the batches from rank r on, oldest first: it takes up
--- to take hits from the earliest of them (a batch left with none is
--- removed) and moves each start down by shift plus the hits taken before
--- it, so the ranges still follow one another. It returns false, changing
--- nothing, if one of them is not a member envoy-rls writes.
-local function sl_rewrite(key, r, take, shift)
+-- to take hits from the earliest of them logged at or before take_until (a
+-- batch left with none is removed) and moves each start down by shift plus
+-- the hits taken before it, so the ranges still follow one another. It
+-- returns false, changing nothing, if one of them is not a member envoy-rls
+-- writes. The new members are added before the old ones are removed, so a
+-- key that keeps a batch is never emptied on the way (which would drop its
+-- expiry).
+local function sl_rewrite(key, r, take, shift, take_until)
   local m = rcall('ZRANGE', key, fmt_int(r), '-1', 'WITHSCORES')
-  local add, na, d = {}, 0, shift
+  local add, na, keep, d = {}, 0, {}, shift
   for i = 1, #m, 2 do
     local s, c = sl_parse(m[i])
     if not s or s < d then
       return false
     end
-    local x = math.min(c, take)
-    take = take - x
+    local x = 0
+    if take > 0 and tonum(m[i + 1]) <= take_until then
+      x = math.min(c, take)
+      take = take - x
+    end
     if c > x then
-      add[na + 1], add[na + 2] = m[i + 1], sl_member(s - d, c - x)
+      local name = sl_member(s - d, c - x)
+      add[na + 1], add[na + 2] = m[i + 1], name
       na = na + 2
+      keep[name] = true
     end
     d = d + x
   end
-  for i = 1, #m, 2000 do
-    local e = math.min(i + 1998, #m - 1)
-    local old = {}
-    for j = i, e, 2 do
-      old[#old + 1] = m[j]
-    end
-    rcall('ZREM', key, unpack_list(old))
-  end
   for i = 1, na, 2000 do
     rcall('ZADD', key, unpack_list(add, i, math.min(i + 1999, na)))
+  end
+  local old = {}
+  for i = 1, #m, 2 do
+    if not keep[m[i]] then
+      old[#old + 1] = m[i]
+      if #old == 1000 then
+        rcall('ZREM', key, unpack_list(old))
+        old = {}
+      end
+    end
+  end
+  if old[1] then
+    rcall('ZREM', key, unpack_list(old))
   end
   return true
 end
@@ -237,7 +254,7 @@ function sliding_log.store(key, w, s, o, now)
     elseif base + s.added >= sl_total_max then
       -- Renumber the live batches from 0. Should one of them not be
       -- envoy-rls's, the log is replaced as a foreign one is.
-      if sl_rewrite(key, 0, 0, s.start0) then
+      if sl_rewrite(key, 0, 0, s.start0, 0) then
         base = base - s.start0
       else
         rcall('DEL', key)
@@ -254,15 +271,18 @@ function sliding_log.store(key, w, s, o, now)
 end
 
 -- refund takes back c hits that a check admitted at now (Cluster: another
--- slot denied). That batch was logged at now or later (max(now, the newest
--- time)), so the hits are taken from the earliest batches logged at or after
--- now, and the later batches renumbered. Should another batch of that time
--- give them instead, its hits are left logged at a later time than they
--- were admitted: they count longer, never shorter. A key that has expired
--- meanwhile, or holds what envoy-rls does not write, is left alone.
+-- slot denied). That batch was logged at now, unless the clock had stepped
+-- back behind the log's newest time (then at that time): the hits are taken
+-- from batches logged at now, any of them (hits of one instant are
+-- interchangeable), and the later batches renumbered. None there means the
+-- batch has left the window or the key expired meanwhile (batches logged
+-- since are others' hits), or the clock had stepped back: nothing is taken,
+-- and the hits stay counted, an under-admission for one window at most. A
+-- key of another type, or a member envoy-rls does not write, is left alone.
 function sliding_log.refund(key, w, c, l, now)
-  local r = sl_pcall('ZCOUNT', key, '-inf', '(' .. fmt_int(now))
-  if r then
-    sl_rewrite(key, r, c, 0)
+  local t = fmt_int(now)
+  local r = sl_pcall('ZCOUNT', key, '-inf', '(' .. t)
+  if r and rcall('ZCOUNT', key, t, t) > 0 then
+    sl_rewrite(key, r, c, 0, now)
   end
 end
