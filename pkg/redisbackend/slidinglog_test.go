@@ -371,3 +371,61 @@ func TestSlidingLogRefundEdges(t *testing.T) {
 		})
 	}
 }
+
+// TestSlidingLogForeignMiddleMember: a member envoy-rls does not write
+// between live batches is not read to count (the newest and the oldest
+// live batch are), but a denial's search may land on it: the retry is
+// then the newest batch's time + W, later than the answer, never earlier,
+// and the call does not fail. A renumbering that meets it replaces the log.
+func TestSlidingLogForeignMiddleMember(t *testing.T) {
+	r := testenv.RedisServer(t)
+	now := int64(1_767_225_600_000)
+	b := newSingle(t, r, DefaultKeyPrefix, func() time.Time { return time.UnixMilli(now) })
+	c := r.Client()
+	ctx := context.Background()
+	lim := limiter.Limit{Algorithm: limiter.SlidingLog, Requests: 10, Window: time.Minute}
+	res := make([]limiter.Result, 1)
+	for _, tc := range []struct {
+		name  string
+		base  int64 // the first batch's start
+		hits  uint64
+		check func(t *testing.T, res limiter.Result, log map[int64]uint64)
+	}{
+		{"a denial's search", 0, 5, func(t *testing.T, res limiter.Result, log map[int64]uint64) {
+			// k = 10 + 5 − 10 = 5: the search probes the foreign member.
+			if res.Allowed || res.RetryAfter != 50*time.Second {
+				t.Errorf("5 hits on a full log: %+v, want denied until the newest batch leaves, 50s", res)
+			}
+		}},
+		{"a renumbering", 999_999_999_999_990, 0, func(t *testing.T, res limiter.Result, log map[int64]uint64) {
+			if want := map[int64]uint64{now: 1}; fmt.Sprint(log) != fmt.Sprint(want) {
+				t.Errorf("log after the renumbering met the foreign member: %v, want %v (replaced)", log, want)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := limiter.Request{Key: key(tc.name), Limit: lim, Hits: tc.hits}
+			k := baseKey(DefaultKeyPrefix, req)
+			if err := c.ZAdd(ctx, k,
+				redis.Z{Score: float64(now - 30_000), Member: fmt.Sprintf("%016d:4", tc.base)},
+				redis.Z{Score: float64(now - 20_000), Member: "x"},
+				redis.Z{Score: float64(now - 10_000), Member: fmt.Sprintf("%016d:6", tc.base+4)},
+			).Err(); err != nil {
+				t.Fatalf("ZADD: %v", err)
+			}
+			if tc.hits == 0 {
+				// One more than the log holds: the hit is admitted, and
+				// the total passes its maximum.
+				req.Limit.Requests, req.Hits = 11, 1
+			}
+			if err := b.Check(ctx, []limiter.Request{req}, res); err != nil {
+				t.Fatalf("Check: %v", err)
+			}
+			var log map[int64]uint64
+			if tc.hits == 0 {
+				_, log = readLog(t, c, DefaultKeyPrefix, req)
+			}
+			tc.check(t, res[0], log)
+		})
+	}
+}
