@@ -136,3 +136,25 @@ func admitAll(t *testing.T, backends []*Backend, req limiter.Request, perGorouti
 	wg.Wait()
 	return admitted.Load()
 }
+
+// admitSlotCall makes the check call of reqs on b, as one slot's call of a
+// Cluster Check, and fails the test unless it committed with every request
+// admitted. It returns the call, ready for b.refund, and its results.
+func admitSlotCall(t *testing.T, b *Backend, reqs []limiter.Request) (*slotCall, []limiter.Result) {
+	t.Helper()
+	results := make([]limiter.Result, len(reqs))
+	x := &slotCall{idx: make([]int, len(reqs))}
+	for i := range x.idx {
+		x.idx[i] = i
+	}
+	x.now, x.committed, x.err = b.call(context.Background(), reqs, nil, results, nil)
+	if x.err != nil || !x.committed {
+		t.Fatalf("slot call: err %v, committed %v", x.err, x.committed)
+	}
+	for i, r := range results {
+		if !r.Allowed {
+			t.Fatalf("slot call: request %d denied: %+v", i, r)
+		}
+	}
+	return x, results
+}

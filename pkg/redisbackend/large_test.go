@@ -3,13 +3,13 @@ package redisbackend
 import (
 	"context"
 	"errors"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/envoy-rls/envoy-rls/internal/testenv"
 	"github.com/envoy-rls/envoy-rls/pkg/descriptors"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+	"github.com/envoy-rls/envoy-rls/pkg/limiter/limitertest"
 )
 
 // longDivisionQuota returns n Backends on one redis-server, sharing an
@@ -24,19 +24,17 @@ func longDivisionQuota(t *testing.T, n int) (backends []*Backend, req limiter.Re
 	r := testenv.RedisServer(t)
 	const w = 30 * 24 * time.Hour
 	wms := w.Milliseconds()
-	var clock atomic.Int64
 	b0 := int64(1_767_225_600_000)/wms + 1
-	clock.Store(b0*wms + 1)
-	now := func() time.Time { return time.UnixMilli(clock.Load()) }
+	clock := limitertest.NewClock(time.UnixMilli(b0*wms + 1))
 	for range n {
-		backends = append(backends, newSingle(t, r, t.Name()+":", now))
+		backends = append(backends, newSingle(t, r, t.Name()+":", clock.Now))
 	}
 	req = limiter.Request{Key: key("quota"), Limit: limiter.Limit{Algorithm: limiter.SlidingWindow, Requests: 5_000_000, Window: w}, Hits: 4_999_003}
 	res := make([]limiter.Result, 1)
 	if err := backends[0].Check(context.Background(), []limiter.Request{req}, res); err != nil || !res[0].Allowed {
 		t.Fatalf("the previous bucket's hits: %v, %+v", err, res[0])
 	}
-	clock.Store((b0+1)*wms + 110_444_333)
+	clock.SetMillis((b0+1)*wms + 110_444_333)
 	req.Hits = 1
 	return backends, req, 5_000_000 - 4_785_998
 }

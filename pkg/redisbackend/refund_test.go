@@ -2,12 +2,12 @@ package redisbackend
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/envoy-rls/envoy-rls/internal/testenv"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+	"github.com/envoy-rls/envoy-rls/pkg/limiter/limitertest"
 )
 
 // TestTokenBucketRefundAfterRefill: a token bucket's refund (a Cluster
@@ -20,9 +20,7 @@ import (
 // Cluster's, run here on the counter X's check wrote.)
 func TestTokenBucketRefundAfterRefill(t *testing.T) {
 	r := testenv.RedisServer(t)
-	var clock atomic.Int64 // ms since the Unix epoch
-	clock.Store(1_767_225_600_000)
-	now := func() time.Time { return time.UnixMilli(clock.Load()) }
+	clock := limitertest.NewClock(time.UnixMilli(1_767_225_600_000))
 	ctx := context.Background()
 	lim := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 1000, Window: time.Second, Burst: 1000}
 	for _, c := range []struct {
@@ -36,22 +34,16 @@ func TestTokenBucketRefundAfterRefill(t *testing.T) {
 		{"X and Y in the same millisecond", 2, 0, 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			b := newSingle(t, r, t.Name()+":", now)
-			start := clock.Load()
+			b := newSingle(t, r, t.Name()+":", clock.Now)
+			start := clock.Millis()
 			reqs := []limiter.Request{{Key: key("x"), Limit: lim, Hits: c.hits}}
-			results := make([]limiter.Result, 1)
-			var x slotCall
-			x.now, x.committed, x.err = b.call(ctx, reqs, nil, results, nil)
-			if x.err != nil || !x.committed || !results[0].Allowed {
-				t.Fatalf("X: err %v, committed %v, %+v", x.err, x.committed, results[0])
-			}
-			x.idx = []int{0}
-			clock.Store(start + c.d)
+			x, results := admitSlotCall(t, b, reqs)
+			clock.SetMillis(start + c.d)
 			y := []limiter.Request{{Key: key("x"), Limit: lim, Hits: 1}}
 			if err := b.Check(ctx, y, make([]limiter.Result, 1)); err != nil {
 				t.Fatalf("Y: %v", err)
 			}
-			if err := b.refund(ctx, reqs, &x, results); err != nil {
+			if err := b.refund(ctx, reqs, x, results); err != nil {
 				t.Fatalf("refund: %v", err)
 			}
 			if got := used(t, b, y[0]); got != int64(c.want) {

@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -60,9 +59,8 @@ func readLog(t testing.TB, c *redis.Client, prefix string, req limiter.Request) 
 // requests were admitted, and the hits of each.
 func TestSlidingLogOneMemberPerRequest(t *testing.T) {
 	r := testenv.RedisServer(t)
-	var clock atomic.Int64
-	clock.Store(1_767_225_600_000)
-	b := newSingle(t, r, DefaultKeyPrefix, func() time.Time { return time.UnixMilli(clock.Load()) })
+	clock := limitertest.NewClock(time.UnixMilli(1_767_225_600_000))
+	b := newSingle(t, r, DefaultKeyPrefix, clock.Now)
 	c := r.Client()
 	lim := limiter.Limit{Algorithm: limiter.SlidingLog, Requests: 10_000, Window: time.Hour}
 	res := make([]limiter.Result, 1)
@@ -78,7 +76,7 @@ func TestSlidingLogOneMemberPerRequest(t *testing.T) {
 	if got := check(whole); !got.Allowed || got.Remaining != 0 {
 		t.Fatalf("10,000 hits on an empty log: %+v, want admitted", got)
 	}
-	if v, hits := readLog(t, c, DefaultKeyPrefix, whole); len(v) != 1 || hits[clock.Load()] != 10_000 {
+	if v, hits := readLog(t, c, DefaultKeyPrefix, whole); len(v) != 1 || hits[clock.Millis()] != 10_000 {
 		t.Errorf("log after one request of 10,000 hits: %v, want one member", v)
 	}
 
@@ -87,7 +85,7 @@ func TestSlidingLogOneMemberPerRequest(t *testing.T) {
 	want := make(map[int64]uint64)
 	admitted, total := 0, uint64(0)
 	for total < lim.Requests {
-		clock.Add(rng.Int64N(3)) // some requests share an instant
+		clock.Advance(time.Duration(rng.Int64N(3)) * time.Millisecond) // some requests share an instant
 		req.Hits = 1 + rng.Uint64N(300)
 		got := check(req)
 		if got.Allowed != (total+req.Hits <= lim.Requests) {
@@ -98,7 +96,7 @@ func TestSlidingLogOneMemberPerRequest(t *testing.T) {
 		}
 		admitted++
 		total += req.Hits
-		want[clock.Load()] += req.Hits
+		want[clock.Millis()] += req.Hits
 	}
 	v, hits := readLog(t, c, DefaultKeyPrefix, req)
 	if len(v) != admitted {
@@ -116,9 +114,8 @@ func TestSlidingLogOneMemberPerRequest(t *testing.T) {
 // log full and partly expired, and after a clock step back.
 func TestSlidingLogAgainstModel(t *testing.T) {
 	r := testenv.RedisServer(t)
-	var clock atomic.Int64
-	clock.Store(1_767_225_600_000)
-	b := newSingle(t, r, DefaultKeyPrefix, func() time.Time { return time.UnixMilli(clock.Load()) })
+	clock := limitertest.NewClock(time.UnixMilli(1_767_225_600_000))
+	b := newSingle(t, r, DefaultKeyPrefix, clock.Now)
 	m := limitertest.NewModel()
 	lim := limiter.Limit{Algorithm: limiter.SlidingLog, Requests: 1000, Window: time.Minute}
 	rng := rand.New(rand.NewPCG(3, 4))
@@ -136,20 +133,20 @@ func TestSlidingLogAgainstModel(t *testing.T) {
 		if err := b.Check(context.Background(), req, res); err != nil {
 			t.Fatalf("Check: %v", err)
 		}
-		want, _ := m.Check(clock.Load(), req, false)
+		want, _ := m.Check(clock.Millis(), req, false)
 		for i := range res {
 			if res[i] != want[i] {
-				t.Fatalf("hits %v at %d, request %d: %+v, the model %+v", hits, clock.Load(), i, res[i], want[i])
+				t.Fatalf("hits %v at %d, request %d: %+v, the model %+v", hits, clock.Millis(), i, res[i], want[i])
 			}
 		}
 		return res[0].Allowed
 	}
 	for round := range 6 {
 		// Fill the log with batches of 1 to 12 hits, 0 to 120 ms apart.
-		fills, first := 0, clock.Load()
+		fills, first := 0, clock.Millis()
 		for check(1 + rng.Uint64N(12)) {
 			fills++
-			clock.Add(rng.Int64N(121))
+			clock.Advance(time.Duration(rng.Int64N(121)) * time.Millisecond)
 		}
 		if fills == 0 {
 			t.Fatalf("round %d admitted nothing: the log never left the window", round)
@@ -160,16 +157,16 @@ func TestSlidingLogAgainstModel(t *testing.T) {
 		}
 		// The first part of this round's batches leaves the window.
 		w := lim.Window.Milliseconds()
-		clock.Store(first + w + rng.Int64N((clock.Load()-first)/2+1))
+		clock.SetMillis(first + w + rng.Int64N((clock.Millis()-first)/2+1))
 		if round == 3 {
 			// A clock step back after an admission: the next round's
 			// hits are logged at the newest time.
-			clock.Add(w)
+			clock.Advance(lim.Window)
 			for range 10 {
 				check(5)
-				clock.Add(1)
+				clock.Advance(time.Millisecond)
 			}
-			clock.Add(-3_000)
+			clock.Advance(-3 * time.Second)
 			// A denial whose retry is for hits of its own batch, logged
 			// at the newest time: 50 stored, 600 tentative, 500 more.
 			if !check(600, 500) {
@@ -230,9 +227,7 @@ func TestSlidingLogRenumbers(t *testing.T) {
 // the counter X's check wrote.
 func TestSlidingLogRefundAmongLaterBatches(t *testing.T) {
 	r := testenv.RedisServer(t)
-	var clock atomic.Int64
-	clock.Store(1_767_225_600_000)
-	now := func() time.Time { return time.UnixMilli(clock.Load()) }
+	clock := limitertest.NewClock(time.UnixMilli(1_767_225_600_000))
 	ctx := context.Background()
 	lim := limiter.Limit{Algorithm: limiter.SlidingLog, Requests: 20, Window: time.Minute}
 	for _, c := range []struct {
@@ -244,30 +239,24 @@ func TestSlidingLogRefundAmongLaterBatches(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			prefix := t.Name() + ":"
-			b := newSingle(t, r, prefix, now)
-			start := clock.Load()
+			b := newSingle(t, r, prefix, clock.Now)
+			start := clock.Millis()
 			earlier := []limiter.Request{{Key: key("x"), Limit: lim, Hits: 1}}
-			clock.Store(start - 10)
+			clock.SetMillis(start - 10)
 			if err := b.Check(ctx, earlier, make([]limiter.Result, 1)); err != nil {
 				t.Fatalf("a batch before X: %v", err)
 			}
-			clock.Store(start)
+			clock.SetMillis(start)
 			reqs := []limiter.Request{{Key: key("x"), Limit: lim, Hits: 4}}
-			results := make([]limiter.Result, 1)
-			var x slotCall
-			x.now, x.committed, x.err = b.call(ctx, reqs, nil, results, nil)
-			if x.err != nil || !x.committed || !results[0].Allowed {
-				t.Fatalf("X: err %v, committed %v, %+v", x.err, x.committed, results[0])
-			}
-			x.idx = []int{0}
-			clock.Store(start + c.d)
+			x, results := admitSlotCall(t, b, reqs)
+			clock.SetMillis(start + c.d)
 			for _, h := range []uint64{2, 3} {
 				y := []limiter.Request{{Key: key("x"), Limit: lim, Hits: h}}
 				if err := b.Check(ctx, y, make([]limiter.Result, 1)); err != nil {
 					t.Fatalf("Y: %v", err)
 				}
 			}
-			if err := b.refund(ctx, reqs, &x, results); err != nil {
+			if err := b.refund(ctx, reqs, x, results); err != nil {
 				t.Fatalf("refund: %v", err)
 			}
 			_, hits := readLog(t, r.Client(), prefix, reqs[0])
@@ -300,27 +289,14 @@ func TestSlidingLogRefundEdges(t *testing.T) {
 	ctx := context.Background()
 	type env struct {
 		b      *Backend
-		clock  *atomic.Int64
+		clock  *limitertest.Clock
 		prefix string
-	}
-	// admitX makes X's slot call at the clock's time, admitted, and returns
-	// its requests and results for the refund.
-	admitX := func(t *testing.T, e env, x *slotCall) ([]limiter.Request, []limiter.Result) {
-		t.Helper()
-		reqs := []limiter.Request{{Key: key("x"), Limit: lim, Hits: 4}}
-		results := make([]limiter.Result, 1)
-		x.now, x.committed, x.err = e.b.call(ctx, reqs, nil, results, nil)
-		if x.err != nil || !x.committed || !results[0].Allowed {
-			t.Fatalf("X: err %v, committed %v, %+v", x.err, x.committed, results[0])
-		}
-		x.idx = []int{0}
-		return reqs, results
 	}
 	check := func(t *testing.T, e env, hits uint64) {
 		t.Helper()
 		res := make([]limiter.Result, 1)
 		if err := e.b.Check(ctx, []limiter.Request{{Key: key("x"), Limit: lim, Hits: hits}}, res); err != nil || !res[0].Allowed {
-			t.Fatalf("%d hits at %d: %+v, %v; want admitted", hits, e.clock.Load(), res[0], err)
+			t.Fatalf("%d hits at %d: %+v, %v; want admitted", hits, e.clock.Millis(), res[0], err)
 		}
 	}
 	for _, c := range []struct {
@@ -331,30 +307,29 @@ func TestSlidingLogRefundEdges(t *testing.T) {
 		more  int64                     // hits admitted after it at the clock's time
 	}{
 		{"after X's batch left the window", nil,
-			func(t *testing.T, e env) { e.clock.Store(T + 1000); check(t, e, 10) },
+			func(t *testing.T, e env) { e.clock.SetMillis(T + 1000); check(t, e, 10) },
 			map[int64]uint64{T + 1000: 10}, 0},
 		{"X's batch the key's first", nil,
-			func(t *testing.T, e env) { e.clock.Store(T + 3); check(t, e, 2) },
+			func(t *testing.T, e env) { e.clock.SetMillis(T + 3); check(t, e, 2) },
 			map[int64]uint64{T + 3: 2}, 8},
 		{"after a clock step back",
-			func(t *testing.T, e env) { e.clock.Store(T + 500); check(t, e, 1); e.clock.Store(T) },
+			func(t *testing.T, e env) { e.clock.SetMillis(T + 500); check(t, e, 1); e.clock.SetMillis(T) },
 			nil,
 			map[int64]uint64{T + 500: 5}, 5},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			var clock atomic.Int64
-			clock.Store(T)
-			e := env{clock: &clock, prefix: t.Name() + ":"}
-			e.b = newSingle(t, r, e.prefix, func() time.Time { return time.UnixMilli(clock.Load()) })
+			clock := limitertest.NewClock(time.UnixMilli(T))
+			e := env{clock: clock, prefix: t.Name() + ":"}
+			e.b = newSingle(t, r, e.prefix, clock.Now)
 			if c.setup != nil {
 				c.setup(t, e)
 			}
-			var x slotCall
-			reqs, results := admitX(t, e, &x)
+			reqs := []limiter.Request{{Key: key("x"), Limit: lim, Hits: 4}}
+			x, results := admitSlotCall(t, e.b, reqs) // X's, at the clock's time
 			if c.after != nil {
 				c.after(t, e)
 			}
-			if err := e.b.refund(ctx, reqs, &x, results); err != nil {
+			if err := e.b.refund(ctx, reqs, x, results); err != nil {
 				t.Fatalf("refund: %v", err)
 			}
 			rc := r.Client()
