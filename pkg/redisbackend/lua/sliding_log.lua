@@ -190,6 +190,9 @@ function sliding_log.decide(s, now, w, l, cap, c, consume, no_retry)
   if s.n > 0 then
     reset = s.t0 + w - now
   end
+  if added == s.added then
+    return ok, rem, reset, retry, s -- nothing consumed: the state is unchanged
+  end
   return ok, rem, reset, retry, {key = s.key, n = s.n, added = added, last = s.last, tlast = s.tlast,
     start0 = s.start0, t0 = s.t0, foreign = s.foreign}
 end
