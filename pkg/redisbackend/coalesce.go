@@ -279,7 +279,7 @@ func (c *coalescer) check(ctx context.Context, deadline time.Time, reqs []limite
 		}
 		// Lent a slot: lead the next call, j first.
 		j.lead = nil
-		if err := c.takeLead(ctx, bt, j); err != nil {
+		if err := c.takeLead(bt, j); err != nil {
 			return unavailable(ctx, "check script", err)
 		}
 	}
@@ -376,13 +376,9 @@ func (b *Backend) finish(ctx context.Context, deadline time.Time, reqs []limiter
 // answers it): then bt goes on to the next queued job, so that the caller
 // does not wait for a call of others' Checks past its own deadline, and j
 // goes back to the pool. It returns nil if the caller led, else why not.
-func (c *coalescer) takeLead(ctx context.Context, bt *batch, j *job) error {
+func (c *coalescer) takeLead(bt *batch, j *job) error {
 	c.mu.Lock()
-	err := ctx.Err()
-	if err == nil && !j.deadline.IsZero() && !time.Now().Before(j.deadline) {
-		err = context.DeadlineExceeded
-	}
-	if err != nil {
+	if err := j.ended(time.Now()); err != nil {
 		c.pass(bt, c.clock())
 		c.mu.Unlock()
 		c.put(j)
@@ -635,6 +631,18 @@ func (c *coalescer) deliver(j *job, err error) {
 	c.put(j)
 }
 
+// ended returns why j's caller no longer waits at now: its context's error,
+// or DeadlineExceeded once its deadline has passed; nil while it waits.
+func (j *job) ended(now time.Time) error {
+	if err := j.ctx.Err(); err != nil {
+		return err
+	}
+	if !j.deadline.IsZero() && !now.Before(j.deadline) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
 // send makes one call for the groups of jobs and delivers every result.
 func (c *coalescer) send(bt *batch, jobs []*job) {
 	// Drop the groups whose caller has given up or whose deadline has
@@ -643,19 +651,11 @@ func (c *coalescer) send(bt *batch, jobs []*job) {
 	var deadline time.Time
 	now := time.Now()
 	for _, j := range jobs {
-		if err := j.ctx.Err(); err != nil {
+		if err := j.ended(now); err != nil {
 			c.deliver(j, err)
 			continue
 		}
-		if !j.deadline.IsZero() {
-			if !now.Before(j.deadline) {
-				c.deliver(j, context.DeadlineExceeded)
-				continue
-			}
-			if deadline.IsZero() || j.deadline.Before(deadline) {
-				deadline = j.deadline
-			}
-		}
+		deadline = earliest(deadline, j.deadline)
 		live = append(live, j)
 	}
 	if len(live) == 0 {

@@ -148,12 +148,12 @@ func TestCoalescerWithdrawLentSlot(t *testing.T) {
 		late := []limiter.Request{{Key: key(t.Name(), why), Limit: limiter.Limit{Requests: 100, Window: time.Hour}, Hits: 1}}
 		first.encode(b, late)
 		next.encode(b, late)
-		first.deadline = deadline
+		first.ctx, first.deadline = ctx, deadline
 		bt := lend(first, next)
 		<-first.done
 		first.lead = nil
 		calls := b.CallStats().Calls
-		if err := c.takeLead(ctx, bt, first); !errors.Is(err, want) {
+		if err := c.takeLead(bt, first); !errors.Is(err, want) {
 			// Not fatal: the slot reached next either way, and the checks
 			// below give it back, so that Close does not wait for it.
 			t.Errorf("%s: takeLead = %v, want %v", why, err, want)

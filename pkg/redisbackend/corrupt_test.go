@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// packed returns three integers in the stored form of a counter (parse_state
+// packed returns three integers in the stored form of a counter (state_format
 // in lua/lib.lua).
 func packed(x, y, z uint64) string {
 	b := make([]byte, 0, 24)
@@ -107,19 +107,13 @@ func TestForeignKeyTypes(t *testing.T) {
 }
 
 // firstKey makes a first Check of req on b, whose keys start with prefix,
-// and returns a client of r and the one key that Check wrote.
+// and returns a client of r and the key of req's counter.
 func firstKey(t *testing.T, r *testenv.Redis, b *Backend, prefix string, req limiter.Request) (*redis.Client, string) {
 	t.Helper()
-	ctx := context.Background()
-	if err := b.Check(ctx, []limiter.Request{req}, make([]limiter.Result, 1)); err != nil {
+	if err := b.Check(context.Background(), []limiter.Request{req}, make([]limiter.Result, 1)); err != nil {
 		t.Fatalf("first Check: %v", err)
 	}
-	c := r.Client()
-	keys, err := c.Keys(ctx, prefix+"*").Result()
-	if err != nil || len(keys) != 1 {
-		t.Fatalf("KEYS %s*: %v, %v; want one key", prefix, keys, err)
-	}
-	return c, keys[0]
+	return r.Client(), baseKey(prefix, req)
 }
 
 // overwritten counts one hit on a fresh counter of alg (limit 3 a minute)

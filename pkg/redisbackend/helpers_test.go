@@ -63,7 +63,7 @@ func key(parts ...string) string {
 }
 
 // storedState decodes the value of a window or token bucket counter: three
-// little-endian 64-bit integers (parse_state in lua/lib.lua), for a sliding
+// little-endian 64-bit integers (state_format in lua/lib.lua), for a sliding
 // window {bucket, count, count of the bucket before}.
 func storedState(v string) (st [3]int64, ok bool) {
 	if len(v) != 24 {

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/envoy-rls/envoy-rls/internal/testenv"
-	"github.com/envoy-rls/envoy-rls/pkg/algorithm"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter/limitertest"
 )
@@ -35,9 +34,9 @@ func TestSlidingWindowDenialsOfLongWindows(t *testing.T) {
 			for scenario := range 20 {
 				n++
 				req := limiter.Request{Key: key("k", w.String(), fmt.Sprint(limit, scenario)), Limit: l}
-				var s algorithm.State
+				m := limitertest.NewModel()
 				at := (int64(1_767_225_600_000)/wms+1)*wms - 1 - rng.Int64N(wms/2) // in bucket b-1
-				step := func(hits uint64) algorithm.Decision {
+				step := func(hits uint64) limiter.Result {
 					t.Helper()
 					clock.SetMillis(at)
 					req.Hits = hits
@@ -45,14 +44,10 @@ func TestSlidingWindowDenialsOfLongWindows(t *testing.T) {
 					if err := b.Check(context.Background(), []limiter.Request{req}, res); err != nil {
 						t.Fatalf("W %v, L %d, scenario %d, %d hits at %d: %v", w, limit, scenario, hits, at, err)
 					}
-					d, ns := algorithm.Decide(l, s, at, hits)
-					if d.Allowed && hits > 0 {
-						s = ns
+					if want, _ := m.Check(at, []limiter.Request{req}, false); res[0] != want[0] {
+						t.Fatalf("W %v, L %d, scenario %d, %d hits at %d: Redis %+v, pkg/algorithm %+v", w, limit, scenario, hits, at, res[0], want[0])
 					}
-					if got := res[0]; got.Allowed != d.Allowed || got.Remaining != d.Remaining || got.ResetAfter != d.ResetAfter || got.RetryAfter != d.RetryAfter {
-						t.Fatalf("W %v, L %d, scenario %d, %d hits at %d: Redis %+v, pkg/algorithm %+v", w, limit, scenario, hits, at, got, d)
-					}
-					return d
+					return res[0]
 				}
 				prev := 1 + rng.Uint64N(limit)
 				step(prev)                  // the previous bucket

@@ -204,8 +204,9 @@ while a <= #ARGV do
   end
 
   if veto or alt then
-    -- Figures without consumption: a check of one hit on the stored state
-    -- (no retry wanted: a sliding log skips its search).
+    -- Figures without consumption: a check of one hit on the stored state.
+    -- Its retry is dropped, so no_retry spares the algorithms whose retry
+    -- is a search (sliding window, sliding log) the search.
     for i = 1, n do
       local p = parsed[i]
       local _, rem, reset = p[1].decide(orig[first[i]], now, p[2], p[3], p[4], 1, false, true)

@@ -3,7 +3,7 @@
 -- lib.lua).
 --
 -- Storage: the counter's key holds b, count[b] and 0 (three integers, see
--- parse_state in lib.lua) for the bucket b = floor(now/W) of its last write
+-- state_format in lib.lua) for the bucket b = floor(now/W) of its last write
 -- (the layout of sliding_window.lua, so that the two share their helpers)
 -- and expires when the bucket ends, at (b+1)·W. KEYS, ARGV: none of its own;
 -- the driver passes the key. State table: {b, count[b], 0}.

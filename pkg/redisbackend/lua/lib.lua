@@ -8,7 +8,7 @@
 -- (the Go side rejects limits whose products could exceed it), so sums,
 -- differences and products are exact; quotients are corrected to the exact
 -- integer floor/ceil by idiv and cdiv. Counters are written packed (see
--- parse_state); numbers written as text (expiries, log scores) go through
+-- state_format); numbers written as text (expiries, log scores) go through
 -- px and fmt_int ('%d': Lua 5.1 converts to a C long, exact below 2^53 and
 -- about twice as fast as '%.0f'), never tostring (which prints 1e+15 style).
 
@@ -161,24 +161,6 @@ end
 -- but a value envoy-rls did not write.
 local ahead_max = 366 * 86400000
 
--- parse_state returns the state stored as v (false when the key is absent)
--- if it is 24 bytes of three integers x in [0, max_x] and y, z in [0,
--- max_yz]. Anything else (absent, of another length, or holding a negative
--- or too large integer: a value envoy-rls never writes, from another program
--- sharing the prefix or a corrupted key) is empty_state, and the next
--- admitted hit overwrites it. Such values must never reach the arithmetic:
--- beyond 2^53 t + 1 == t, and sw_retry_at would search for an instant
--- forever, holding Redis BUSY for every client.
-local function parse_state(v, max_x, max_yz)
-  if v and #v == 24 then
-    local x, y, z = unpack_state(state_format, v)
-    if x >= 0 and y >= 0 and z >= 0 and x <= max_x and y <= max_yz and z <= max_yz then
-      return {x, y, z}
-    end
-  end
-  return empty_state
-end
-
 -- window_max caches floor(exact / w) - 2 by window w: the largest bucket of
 -- a window counter whose products with w stay exact (see load_windowed).
 -- Windows come from the configured rules, so few recur; it is emptied at
@@ -193,12 +175,18 @@ local count_max = 2251799813685248
 
 -- load_windowed is the load of the window counters (key, w, now, v): the
 -- state stored as v (the key's MGET value, false if absent), read at now for
--- a window of w ms. It is parse_state with a window's bounds: the bucket no
--- more than ahead_max ahead of now and small enough that (b+2)·W is exact,
--- and the counts at most count_max, so that sums of counts stay exact.
+-- a window of w ms, if it is 24 bytes of three integers within a window's
+-- bounds: the bucket no more than ahead_max ahead of now and small enough
+-- that (b+2)·W is exact, and the counts at most count_max, so that sums of
+-- counts stay exact. Anything else (absent, of another length, or holding a
+-- negative or too large integer: a value envoy-rls never writes, from
+-- another program sharing the prefix or a corrupted key) is empty_state,
+-- and the next admitted hit overwrites it. Such values must never reach the
+-- arithmetic: beyond 2^53 t + 1 == t, and sw_retry_at would search for an
+-- instant forever, holding Redis BUSY for every client.
 --
--- It runs for every counter of every call, so parse_state is written out in
--- it (as helpers are in the windows' decide and store), and its bounds take
+-- It runs for every counter of every call, so it is written out (as
+-- helpers are in the windows' decide and store), and its bounds take
 -- no division: a Lua function call, math.floor's included, costs Redis
 -- several hundred instructions, more than the arithmetic
 -- (docs/performance.md, "Redis instructions").

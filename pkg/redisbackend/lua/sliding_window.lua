@@ -3,7 +3,7 @@
 -- (concatenated after lib.lua).
 --
 -- Storage: the counter's key holds b, count[b] and count[b-1] (three
--- integers, see parse_state in lib.lua) for the bucket b = floor(now/W) of
+-- integers, see state_format in lib.lua) for the bucket b = floor(now/W) of
 -- its last write, and expires 2W after the start of bucket b, at (b+2)·W,
 -- when neither count matters any more. KEYS, ARGV: none of its own; the
 -- driver passes the key. State table: {b, count[b], count[b-1]}.
@@ -92,8 +92,9 @@ sliding_window.load = load_windowed
 
 -- decide returns allowed, remaining, reset_ms, retry_ms and, when it admitted
 -- and consumed, the new state. idiv and sw_weight are written out
--- (see load_windowed in lib.lua).
-function sliding_window.decide(s, now, w, l, cap, c, consume)
+-- (see load_windowed in lib.lua). With no_retry (figures whose retry the
+-- caller drops) a denial's retry is not searched.
+function sliding_window.decide(s, now, w, l, cap, c, consume, no_retry)
   local sb, step = s[1], 0
   if sb * w > now then
     -- The clock went back across a bucket edge since the counter was
@@ -132,7 +133,7 @@ function sliding_window.decide(s, now, w, l, cap, c, consume)
     if consume then
       cur = cur + c
     end
-  else
+  elseif not no_retry then
     retry = sw_retry_at(b, cur, prev, now, c, w, l) - now
   end
   local rem = 0

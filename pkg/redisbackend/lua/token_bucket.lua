@@ -8,7 +8,7 @@
 -- counter's identity; a changed L rescales the debt, rounding up).
 --
 -- Storage: the counter's key holds At, Debt and Per (three integers, see
--- parse_state in lib.lua) and expires when the bucket is full again,
+-- state_format in lib.lua) and expires when the bucket is full again,
 -- ceil(Debt/Per) ms after At; a refund that empties it deletes it. KEYS,
 -- ARGV: none of its own; the driver passes the key. State table: {at, debt,
 -- per}, and in a state decide made, its reset (ceil(Debt/Per), At being the
@@ -18,12 +18,6 @@
 -- exact while (Debt mod Per)·L < 2^53.
 
 local token_bucket = {string_state = true} -- read with MGET
-
--- tb_parse returns the state stored as v, read at now: its last write no
--- more than ahead_max ahead of now (parse_state in lib.lua).
-local function tb_parse(v, now)
-  return parse_state(v, now + ahead_max, exact - 1)
-end
 
 -- tb_debt is the debt at now in ticks of 1/l ms.
 local function tb_debt(s, now, l)
@@ -45,8 +39,10 @@ local function tb_debt(s, now, l)
   return debt - paid
 end
 
--- load returns the state stored as v (the key's MGET value, false if absent):
--- tb_parse, written out. Load, decide and store run for every token bucket
+-- load returns the state stored as v (the key's MGET value, false if absent)
+-- if its last write is no more than ahead_max ahead of now and its debt and
+-- rate are exact, else empty_state (a foreign value: see load_windowed in
+-- lib.lua). Load, decide and store run for every token bucket
 -- of every call, so they write out their helpers (idiv, cdiv, tb_debt but
 -- for a changed limit, pack_state, px), as the windows do: a Lua function
 -- call costs Redis more than the arithmetic (see load_windowed in lib.lua).
@@ -135,7 +131,7 @@ end
 -- every other admitted hit left, so a refund never returns more than was
 -- taken: under-admission for a moment at worst, never over-admission.
 function token_bucket.refund(key, w, c, l, now)
-  local s = tb_parse(redis.call('GET', key), now)
+  local s = token_bucket.load(key, w, now, redis.call('GET', key))
   local at, debt, per = s[1], s[2], s[3]
   if debt == 0 or per == 0 then
     return
