@@ -98,6 +98,7 @@ func TestServeFlagsOutOfRange(t *testing.T) {
 		{args: []string{"--metrics.near-limit-ratio", "NaN"}, want: "--metrics.near-limit-ratio NaN"},
 		{args: []string{"--deny-cache.max-entries", "-1"}, want: "--deny-cache.max-entries -1"},
 		{args: []string{"--fallback.instances", "-2"}, want: "--fallback.instances -2"},
+		{args: []string{"--runtime.gc-percent", "0"}, want: "--runtime.gc-percent 0: must be 1 or more"},
 		{args: []string{"--grpc.stream-workers", "-1"}, want: "--grpc.stream-workers -1: must be 0 or more"},
 		{args: []string{"--grpc.conn-window", "-1"}, want: "--grpc.conn-window -1"},
 		{args: []string{"--grpc.conn-window", "65534"}, want: "--grpc.conn-window 65534: must be 0 or from 65535"},
@@ -116,7 +117,7 @@ func TestServeFlagsOutOfRange(t *testing.T) {
 	for _, args := range [][]string{
 		{"--shutdown.drain-timeout", "0s", "--metrics.near-limit-ratio", "0", "--deny-cache.max-entries", "0"},
 		{"--metrics.near-limit-ratio", "1", "--debug.top-capacity", "1", "--redis.sentinel-addrs", "h:26379", "--redis.sentinel-master", "m"},
-		{"--grpc.stream-workers", "0", "--grpc.conn-window", "65535"},
+		{"--grpc.stream-workers", "0", "--grpc.conn-window", "65535", "--runtime.gc-percent", "1"},
 	} {
 		if _, err := parseServeFlags(args, io.Discard, func(string) (string, bool) { return "", false }); err != nil {
 			t.Errorf("%q: %v", args, err)

@@ -30,6 +30,21 @@ func scrape(t *testing.T, r *running) map[string]*dto.MetricFamily {
 	return fams
 }
 
+// scrapeUntil scrapes r until the series name{labels} reads want (the
+// reload a SIGHUP starts reports nothing else to wait on), at most 10,000
+// times, and returns that scrape.
+func scrapeUntil(t *testing.T, r *running, name string, want float64, labels ...string) map[string]*dto.MetricFamily {
+	t.Helper()
+	for range 10_000 {
+		fams := scrape(t, r)
+		if v, _ := value(fams, name, labels...); v == want {
+			return fams
+		}
+	}
+	t.Fatalf("%s%v never read %v", name, labels, want)
+	return nil
+}
+
 // value returns the value of the series of family name whose labels
 // include every pair of labels, and whether it exists.
 func value(fams map[string]*dto.MetricFamily, name string, labels ...string) (float64, bool) {
@@ -147,15 +162,7 @@ descriptors:
 	// A broken reload keeps the config and moves the reload metrics.
 	writeFile(t, file, "domain: m\ndescriptors: [{key: }]\n")
 	r.hup <- nil
-	for i := 0; ; i++ {
-		fams = scrape(t, r)
-		if v, _ := value(fams, "envoy_rls_config_reloads_total", "result", "failure"); v == 1 {
-			break
-		}
-		if i > 10000 {
-			t.Fatal("failed reload never counted")
-		}
-	}
+	fams = scrapeUntil(t, r, "envoy_rls_config_reloads_total", 1, "result", "failure")
 	if v, _ := value(fams, "envoy_rls_config_last_reload_successful"); v != 0 {
 		t.Errorf("last_reload_successful = %v after a failed reload", v)
 	}
@@ -169,15 +176,7 @@ descriptors:
 	// configuration again (nothing is reloaded or counted).
 	writeFile(t, file, good)
 	r.hup <- nil
-	for i := 0; ; i++ {
-		fams = scrape(t, r)
-		if v, _ := value(fams, "envoy_rls_config_last_reload_successful"); v == 1 {
-			break
-		}
-		if i > 10000 {
-			t.Fatal("envoy_rls_config_last_reload_successful stayed 0 after the bad edit was reverted")
-		}
-	}
+	fams = scrapeUntil(t, r, "envoy_rls_config_last_reload_successful", 1)
 	if v, _ := value(fams, "envoy_rls_config_reloads_total", "result", "success"); v != 0 {
 		t.Errorf("the revert was counted as %v successful reloads, want 0", v)
 	}

@@ -145,6 +145,8 @@ func (o serveOptions) checkRanges() error {
 		return usageError{msg: fmt.Sprintf("--metrics.near-limit-ratio %v: must be from 0 (off) to 1", o.nearLimit)}
 	case o.store.denyCacheEntries < 0:
 		return usageError{msg: fmt.Sprintf("--deny-cache.max-entries %d: must be 0 (off) or more", o.store.denyCacheEntries)}
+	case o.gcPercent < 1:
+		return usageError{msg: fmt.Sprintf("--runtime.gc-percent %d: must be 1 or more (GOGC=off, with GOMEMLIMIT, is for the GOGC variable)", o.gcPercent)}
 	case o.store.fallbackInstances < 0:
 		return usageError{msg: fmt.Sprintf("--fallback.instances %d: must be 0 (learn) or more", o.store.fallbackInstances)}
 	}
@@ -170,15 +172,12 @@ const defaultGCPercent = 400
 // from --runtime.gc-percent, unless the GOGC variable is set and the flag
 // was not given: Go has applied GOGC at start and it is left alone. It
 // returns the GOGC in effect and where it came from, for the log.
-func applyGCPercent(o serveOptions, lookupEnv func(string) (string, bool), set func(int) int) (gogc, from string, err error) {
-	if o.gcPercent < 1 {
-		return "", "", usageError{msg: fmt.Sprintf("--runtime.gc-percent %d: must be 1 or more (GOGC=off, with GOMEMLIMIT, is for the GOGC variable)", o.gcPercent)}
-	}
+func applyGCPercent(o serveOptions, lookupEnv func(string) (string, bool), set func(int) int) (gogc, from string) {
 	if env, ok := lookupEnv("GOGC"); ok && !o.gcPercentGiven {
-		return env, "the GOGC variable", nil
+		return env, "the GOGC variable"
 	}
 	set(o.gcPercent)
-	return strconv.Itoa(o.gcPercent), "--runtime.gc-percent", nil
+	return strconv.Itoa(o.gcPercent), "--runtime.gc-percent"
 }
 
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
@@ -205,10 +204,7 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, lookupEnv f
 	if err != nil {
 		return usageError{msg: err.Error()}
 	}
-	gogc, from, err := applyGCPercent(o, lookupEnv, debug.SetGCPercent)
-	if err != nil {
-		return err
-	}
+	gogc, from := applyGCPercent(o, lookupEnv, debug.SetGCPercent)
 	log.Info("garbage collector", "gogc", gogc, "from", from)
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)

@@ -23,7 +23,7 @@ import (
 // so a larger limit fails the test); and the envoy-rls rows carry the CPU
 // of envoy-rls and Redis and the server's own latency.
 //
-// envoy-rls runs with --redis.timeout 1s (slowTimeout) in these tests: under
+// envoy-rls runs with --redis.timeout 1s (runBench sets it) in these tests: under
 // make test the packages' tests load both cores, and a Redis call that took
 // longer than the default 25 ms would be answered by the rule's failure mode,
 // whose in-process fallback admits the hot key once more, by design (README,
@@ -38,18 +38,15 @@ func TestMakeBench(t *testing.T) {
 		}
 	}
 	want = append(want, row{"do-nothing, open", 64}, row{"open loop, 3 desc", 64})
-	runBench(t, want, "BENCH_CALLERS=2 8", "BENCH_RATE=1000", slowTimeout)
+	runBench(t, want, "BENCH_CALLERS=2 8", "BENCH_RATE=1000")
 }
-
-// slowTimeout gives envoy-rls's Redis calls a second (see TestMakeBench).
-const slowTimeout = "BENCH_RLS_ARGS=--redis.timeout 1s"
 
 // TestMakeBenchCluster: the same on a Redis Cluster of three masters that
 // the script creates (BENCH_REDIS=cluster), for three scenarios; "redis
 // µs/req" is then the masters' CPU added up.
 func TestMakeBenchCluster(t *testing.T) {
 	want := []row{{"1 key", 4}, {"3 desc, 100k", 4}, {"hot key (over)", 4}}
-	stdout := runBench(t, want, "BENCH_REDIS=cluster", "BENCH_SCENARIOS=one-key three-desc hot-key", "BENCH_CALLERS=4", slowTimeout)
+	stdout := runBench(t, want, "BENCH_REDIS=cluster", "BENCH_SCENARIOS=one-key three-desc hot-key", "BENCH_CALLERS=4")
 	if !strings.Contains(stdout, "Redis: cluster") {
 		t.Errorf("the table's header does not say Redis: cluster:\n%s", stdout)
 	}
@@ -69,7 +66,7 @@ func TestMakeBenchIncumbent(t *testing.T) {
 	}
 	want = append(want, row{"3 desc fixed, 100k", 4}, row{"4 limits, 100k", 4})
 	stdout := runBench(t, want, "BENCH_INCUMBENT=1", "BENCH_CALLERS=4",
-		"BENCH_SCENARIOS=one-key three-desc three-desc-fixed four-limits hot-key", slowTimeout)
+		"BENCH_SCENARIOS=one-key three-desc three-desc-fixed four-limits hot-key")
 	if !strings.Contains(stdout, "envoyproxy/ratelimit v") {
 		t.Errorf("the table's header does not name the incumbent's version:\n%s", stdout)
 	}
@@ -101,6 +98,7 @@ func runBench(t *testing.T, want []row, env ...string) string {
 	cmd := exec.CommandContext(ctx, "bash", filepath.Join(root, "scripts", "bench.sh"))
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(),
+		"BENCH_RLS_ARGS=--redis.timeout 1s", // see TestMakeBench
 		"BENCH_DURATION=300ms", "BENCH_WARMUP=0s", "BENCH_REPEAT=1", "BENCH_OUT="+out,
 		"TMPDIR="+t.TempDir(),
 	)
