@@ -102,28 +102,17 @@ func ceilDiv(a, b uint64) uint64 {
 	return q
 }
 
-// ms converts v milliseconds to a Duration, saturating at the largest one:
-// a wait beyond 292 years (a token bucket of 1 a year with a burst of
-// 10,000, a window of 2,000,000 hours) reads as that, as the Redis backend
-// reports it, rather than wrap to a negative wait.
-func ms(v int64) time.Duration {
-	if v > math.MaxInt64/int64(time.Millisecond) {
-		return math.MaxInt64
-	}
-	return time.Duration(v) * time.Millisecond
-}
-
-// msU is ms of an unsigned count.
+// msU is limiter.Millis of an unsigned count.
 func msU(v uint64) time.Duration {
 	if v > math.MaxInt64 {
 		return math.MaxInt64
 	}
-	return ms(int64(v))
+	return limiter.Millis(int64(v))
 }
 
-// plusMs returns d + v ms for d, v >= 0, saturating like ms.
+// plusMs returns d + v ms for d, v >= 0, saturating like limiter.Millis.
 func plusMs(d time.Duration, v int64) time.Duration {
-	if e := ms(v); d <= math.MaxInt64-e {
+	if e := limiter.Millis(v); d <= math.MaxInt64-e {
 		return d + e
 	}
 	return math.MaxInt64

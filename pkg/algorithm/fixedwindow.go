@@ -1,5 +1,7 @@
 package algorithm
 
+import "github.com/envoy-rls/envoy-rls/pkg/limiter"
+
 // FixedWindow counts hits per epoch-aligned bucket of Window milliseconds:
 // b = floor(now/W); hits c are admitted iff count[b] + c ≤ Limit. It may
 // admit 2·Limit hits within W milliseconds across a bucket edge (the
@@ -28,10 +30,10 @@ func (a FixedWindow) Decide(s FixedWindowState, now int64, hits uint64) (Decisio
 	if s.Bucket == b {
 		n = s.Count
 	}
-	d := Decision{ResetAfter: ms((b+1)*a.Window - now)}
+	d := Decision{ResetAfter: limiter.Millis((b+1)*a.Window - now)}
 	switch {
 	case c > a.Limit:
-		d.RetryAfter = ms(a.Window)
+		d.RetryAfter = limiter.Millis(a.Window)
 	case n+c <= a.Limit:
 		d.Allowed = true
 		if consume {

@@ -1,5 +1,7 @@
 package algorithm
 
+import "github.com/envoy-rls/envoy-rls/pkg/limiter"
+
 // SlidingLog keeps the time of every admitted hit and admits hits c at now
 // iff n + c ≤ Limit, where n is the number of logged hits later than
 // now − Window (so in (now−W, now] when the clock does not go back; hits
@@ -51,7 +53,7 @@ func (a SlidingLog) Decide(s SlidingLogState, now int64, hits uint64) (Decision,
 	var d Decision
 	switch {
 	case c > a.Limit:
-		d.RetryAfter = ms(a.Window)
+		d.RetryAfter = limiter.Millis(a.Window)
 	case n+c <= a.Limit:
 		d.Allowed = true
 		if consume {
@@ -64,7 +66,7 @@ func (a SlidingLog) Decide(s SlidingLogState, now int64, hits uint64) (Decision,
 		var seen uint64
 		for _, e := range live {
 			if seen += e.N; seen >= k {
-				d.RetryAfter = ms(e.At + a.Window - now)
+				d.RetryAfter = limiter.Millis(e.At + a.Window - now)
 				break
 			}
 		}
@@ -72,9 +74,9 @@ func (a SlidingLog) Decide(s SlidingLogState, now int64, hits uint64) (Decision,
 	if n < a.Limit {
 		d.Remaining = a.Limit - n
 	}
-	d.ResetAfter = ms(a.Window)
+	d.ResetAfter = limiter.Millis(a.Window)
 	if len(live) > 0 {
-		d.ResetAfter = ms(live[0].At + a.Window - now)
+		d.ResetAfter = limiter.Millis(live[0].At + a.Window - now)
 	}
 	return d, SlidingLogState{Entries: live}
 }

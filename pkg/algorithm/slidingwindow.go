@@ -1,6 +1,10 @@
 package algorithm
 
-import "math/bits"
+import (
+	"math/bits"
+
+	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+)
 
 // SlidingWindow is the two-counter sliding window (after Cloudflare): Limit
 // hits per Window milliseconds (both > 0), buckets aligned to the epoch.
@@ -96,17 +100,17 @@ func (a SlidingWindow) Decide(s SlidingWindowState, now int64, hits uint64) (Dec
 	now += step
 	b, cur, prev := a.counts(s, now)
 	pw := a.weight(prev, now-b*a.Window)
-	d := Decision{ResetAfter: ms((b+1)*a.Window - now)}
+	d := Decision{ResetAfter: limiter.Millis((b+1)*a.Window - now)}
 	switch {
 	case c > a.Limit:
-		d.RetryAfter = ms(a.Window)
+		d.RetryAfter = limiter.Millis(a.Window)
 	case cur+pw+c <= a.Limit:
 		d.Allowed = true
 		if consume {
 			cur += c
 		}
 	default:
-		d.RetryAfter = ms(a.retryAt(b, cur, prev, now, c) - now)
+		d.RetryAfter = limiter.Millis(a.retryAt(b, cur, prev, now, c) - now)
 	}
 	if used := cur + pw; used < a.Limit {
 		d.Remaining = a.Limit - used

@@ -1,6 +1,10 @@
 package algorithm
 
-import "math/bits"
+import (
+	"math/bits"
+
+	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+)
 
 // TokenBucket is GCRA: Limit hits per Window milliseconds, at most Burst at
 // once (Burst > 0; limiter.Limit.Capacity gives it).
@@ -80,7 +84,7 @@ func (a TokenBucket) Decide(s TokenBucketState, now int64, hits uint64) (Decisio
 	var d Decision
 	switch {
 	case c > a.Burst:
-		d.RetryAfter = ms(a.Window)
+		d.RetryAfter = limiter.Millis(a.Window)
 	case rel <= tau && c*w <= tau-rel:
 		d.Allowed = true
 		if consume {

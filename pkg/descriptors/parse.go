@@ -788,7 +788,9 @@ func (c *compiler) limit(n *yaml.Node, multi bool) parsedLimit {
 	if ok {
 		if err := Countable(l.Limit); err != nil {
 			at := n // a count × the window: the limit as a whole
-			if p, has := fields["requests_per_unit"]; has && countTooLarge(l.Limit) {
+			one := l.Limit
+			one.Window = time.Millisecond // refused even so: the count alone
+			if p, has := fields["requests_per_unit"]; has && Countable(one) != nil {
 				at = p.v
 			}
 			c.errorf(c.pos(at), "%v", err)
@@ -817,19 +819,6 @@ func Countable(l limiter.Limit) error {
 		return fmt.Errorf("requests_per_unit %d is too large for sliding_log (maximum %d): use sliding_window", l.Requests, MaxSlidingLogRequests)
 	}
 	return l.ExactRange()
-}
-
-// countTooLarge reports whether Countable's refusal of l is for its
-// requests alone, whatever the window: always for a window (the only bound
-// it has is its count), for a sliding log past its cap.
-func countTooLarge(l limiter.Limit) bool {
-	switch l.Algorithm {
-	case limiter.SlidingWindow, limiter.FixedWindow:
-		return true
-	case limiter.SlidingLog:
-		return l.Requests > MaxSlidingLogRequests
-	}
-	return false
 }
 
 // replaces parses a replaces list: [{name: ...}, ...].

@@ -35,21 +35,29 @@ func newKubeDir(t *testing.T, files map[string]string) *kubeDir {
 
 func (k *kubeDir) update(files map[string]string) {
 	k.t.Helper()
-	k.gen++
-	ts := fmt.Sprintf("..2026_01_01_00_00_%02d.%d", k.gen, k.gen)
-	if err := os.Mkdir(filepath.Join(k.dir, ts), 0o755); err != nil {
+	if _, err := k.apply(files); err != nil {
 		k.t.Fatal(err)
+	}
+}
+
+// apply is update without the test's Fatal, for a goroutine of the test: it
+// returns the new generation's folder.
+func (k *kubeDir) apply(files map[string]string) (string, error) {
+	k.gen++
+	ts := filepath.Join(k.dir, fmt.Sprintf("..2026_01_01_00_00_%02d.%d", k.gen, k.gen))
+	if err := os.Mkdir(ts, 0o755); err != nil {
+		return "", err
 	}
 	for name, content := range files {
-		write(k.t, filepath.Join(k.dir, ts), name, content)
+		if err := os.WriteFile(filepath.Join(ts, name), []byte(content), 0o644); err != nil {
+			return "", err
+		}
 	}
 	tmp := filepath.Join(k.dir, "..data_tmp")
-	if err := os.Symlink(ts, tmp); err != nil {
-		k.t.Fatal(err)
+	if err := os.Symlink(filepath.Base(ts), tmp); err != nil {
+		return "", err
 	}
-	if err := os.Rename(tmp, filepath.Join(k.dir, "..data")); err != nil {
-		k.t.Fatal(err)
-	}
+	return ts, os.Rename(tmp, filepath.Join(k.dir, "..data"))
 }
 
 // harness runs a Watcher driven by a tick channel and collects its events.
@@ -361,18 +369,24 @@ func TestLoadDuringConfigMapSwaps(t *testing.T) {
 	go func() {
 		g := 1
 		defer func() { swapped <- g }()
+		var dirs []string // the generations' folders, oldest first
 		for ; ; g++ {
 			select {
 			case <-stop:
 				return
 			default:
 			}
-			k.update(gen(g))
-			if g > 2 { // keep the folder small
-				if err := os.RemoveAll(filepath.Join(k.dir, fmt.Sprintf("..2026_01_01_00_00_%02d.%d", g-2, g-2))); err != nil {
+			dir, err := k.apply(gen(g))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if dirs = append(dirs, dir); len(dirs) > 3 { // keep the folder small
+				if err := os.RemoveAll(dirs[0]); err != nil {
 					t.Error(err)
 					return
 				}
+				dirs = dirs[1:]
 			}
 		}
 	}()

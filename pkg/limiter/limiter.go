@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -277,4 +278,15 @@ func AppendKeyPart(dst []byte, s string) []byte {
 	}
 	dst = append(dst, byte(n))
 	return append(dst, s...)
+}
+
+// Millis converts ms milliseconds to a Duration, saturating at the largest
+// one (292 years) instead of wrapping to a negative one: a window of
+// centuries, or a token bucket of 1 a year with a burst of 10,000, has waits
+// that long.
+func Millis(ms int64) time.Duration {
+	if ms > math.MaxInt64/int64(time.Millisecond) {
+		return math.MaxInt64
+	}
+	return time.Duration(ms) * time.Millisecond
 }

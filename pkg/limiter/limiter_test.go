@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -99,6 +100,26 @@ func TestLimitExactRange(t *testing.T) {
 		err := c.l.ExactRange()
 		if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
 			t.Errorf("%+v: ExactRange() = %v, want %q", c.l, err, c.want)
+		}
+	}
+}
+
+// TestMillisSaturates: a figure of the scripts beyond the largest Duration
+// becomes the largest Duration, not a negative one.
+func TestMillisSaturates(t *testing.T) {
+	const maxMs = math.MaxInt64 / int64(time.Millisecond)
+	for _, c := range []struct {
+		ms   int64
+		want time.Duration
+	}{
+		{0, 0},
+		{1500, 1500 * time.Millisecond},
+		{maxMs, time.Duration(maxMs) * time.Millisecond},
+		{maxMs + 1, math.MaxInt64},
+		{math.MaxInt64, math.MaxInt64},
+	} {
+		if got := Millis(c.ms); got != c.want {
+			t.Errorf("Millis(%d) = %v, want %v", c.ms, got, c.want)
 		}
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -428,16 +427,6 @@ func replyLen(n int, alt bool) int {
 	return 8 * (2 + 4*n)
 }
 
-// millis converts a figure of the scripts in ms to a Duration, saturating at
-// the largest Duration (292 years) instead of wrapping to a negative one: a
-// window of centuries, or a counter far in the future, yields such figures.
-func millis(ms int64) time.Duration {
-	if ms > math.MaxInt64/int64(time.Millisecond) {
-		return math.MaxInt64
-	}
-	return time.Duration(ms) * time.Millisecond
-}
-
 // decodeReply writes the results of the requests reqs[idx[j]] (all of reqs
 // when idx is nil) from v, the group's part of check.lua's reply, of length
 // replyLen. With alt non-nil it reads the figures without consumption too.
@@ -462,12 +451,12 @@ func decodeReply(v string, idx []int, results []limiter.Result, alt []figures) (
 		results[at(idx, j)] = limiter.Result{
 			Allowed:    num(r) == 1,
 			Remaining:  uint64(num(r + 1)),
-			ResetAfter: millis(num(r + 2)),
-			RetryAfter: millis(num(r + 3)),
+			ResetAfter: limiter.Millis(num(r + 2)),
+			RetryAfter: limiter.Millis(num(r + 3)),
 			Source:     limiter.SourceStore,
 		}
 		if alt != nil {
-			alt[j] = figures{remaining: uint64(num(r + 4)), reset: millis(num(r + 5))}
+			alt[j] = figures{remaining: uint64(num(r + 4)), reset: limiter.Millis(num(r + 5))}
 		}
 	}
 	if bad {

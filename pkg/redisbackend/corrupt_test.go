@@ -156,26 +156,6 @@ func overwritten(t *testing.T, r *testenv.Redis, prefix string, alg limiter.Algo
 	}
 }
 
-// TestMillisSaturates: a figure of the scripts beyond the largest Duration
-// becomes the largest Duration, not a negative one.
-func TestMillisSaturates(t *testing.T) {
-	const maxMs = math.MaxInt64 / int64(time.Millisecond)
-	for _, c := range []struct {
-		ms   int64
-		want time.Duration
-	}{
-		{0, 0},
-		{1500, 1500 * time.Millisecond},
-		{maxMs, time.Duration(maxMs) * time.Millisecond},
-		{maxMs + 1, math.MaxInt64},
-		{math.MaxInt64, math.MaxInt64},
-	} {
-		if got := millis(c.ms); got != c.want {
-			t.Errorf("millis(%d) = %v, want %v", c.ms, got, c.want)
-		}
-	}
-}
-
 // TestForeignSlidingLogMembers: a sliding log holding a member envoy-rls
 // never writes counts as an empty log and is replaced by the next admitted
 // batch, as a foreign string counter is; a Check over it ends and sets an
