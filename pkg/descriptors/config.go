@@ -175,6 +175,12 @@ func readDir(dir string) ([]srcFile, error) {
 	if err != nil {
 		return nil, err
 	}
+	return settle(dir, prev)
+}
+
+// settle is readDir after its first read, prev: it reads dir until a read
+// agrees with the one before.
+func settle(dir string, prev []srcFile) ([]srcFile, error) {
 	for range maxReads - 1 {
 		files, err := readDirOnce(dir)
 		if err != nil {

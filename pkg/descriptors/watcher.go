@@ -188,14 +188,25 @@ func (w *Watcher) check(trigger Trigger) ReloadEvent {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	ev := ReloadEvent{Trigger: trigger}
-	files, err := readDir(w.opts.Dir)
+	cur := w.cur.Load()
+	// One read that matches a generation read before is that generation
+	// whole; any other read is confirmed by reading again (settle), so that
+	// an update between two files' reads never loads as a mix.
+	files, err := readDirOnce(w.opts.Dir)
+	var sum string
+	if err == nil {
+		sum = digest(files)
+		if !(cur != nil && sum == cur.Digest()) && !(trigger == TriggerPoll && sum == w.lastDigest) {
+			if files, err = settle(w.opts.Dir, files); err == nil {
+				sum = digest(files)
+			}
+		}
+	}
 	if err != nil {
 		w.lastDigest, w.lastErr = "", err
 		ev.Outcome, ev.Err = Failed, err
 		return w.report(ev)
 	}
-	sum := digest(files)
-	cur := w.cur.Load()
 	switch {
 	case cur != nil && sum == cur.Digest():
 		ev.Outcome = Unchanged

@@ -348,8 +348,8 @@ func TestWatcherTicker(t *testing.T) {
 // following each other as fast as they can while the folder is loaded again
 // and again. Every load that succeeds has the rule: it read one generation,
 // never a.yaml of one and b.yaml of the next (readDir reads until two reads
-// agree). Loads may fail while the folder keeps changing; a mix never
-// loads. (Before, a few hundred loads sufficed to load one without the
+// agree), and so does a Watcher's reload. Loads may fail while the folder
+// keeps changing; a mix never loads. (Before, a few hundred loads sufficed to load one without the
 // rule.)
 func TestLoadDuringConfigMapSwaps(t *testing.T) {
 	gen := func(g int) map[string]string {
@@ -364,6 +364,10 @@ func TestLoadDuringConfigMapSwaps(t *testing.T) {
 		return map[string]string{"a.yaml": a, "b.yaml": b}
 	}
 	k := newKubeDir(t, gen(0))
+	w, err := NewWatcher(WatcherOptions{Dir: k.dir, Load: Options{MergeDomains: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	stop := make(chan struct{})
 	swapped := make(chan int)
 	go func() {
@@ -391,8 +395,14 @@ func TestLoadDuringConfigMapSwaps(t *testing.T) {
 		}
 	}()
 	var loaded, failed int
-	for range 3000 {
+	for i := range 3000 {
+		// Every other load is a Watcher's reload, which reads once and
+		// reads again only when that read is not a generation it knows.
 		cfg, err := Load(k.dir, Options{MergeDomains: true})
+		if i%2 == 1 {
+			err = w.Reload()
+			cfg = w.Current()
+		}
 		if err != nil {
 			failed++
 			continue
