@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -372,14 +371,8 @@ func (s *Service) plan(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, sc 
 		switch ds.kind {
 		case kindOverride:
 			o := d.Limit
-			mult := uint32(1)
-			if o.UnitMultiplier != nil {
-				mult = o.UnitMultiplier.Value
-			}
-			lim := limiter.Limit{
-				Requests: uint64(o.RequestsPerUnit),
-				Window:   time.Duration(overrideUnitSeconds(o.Unit)) * time.Duration(mult) * time.Second,
-			}
+			w, _ := overrideWindow(o) // validate checked that it fits
+			lim := limiter.Limit{Requests: uint64(o.RequestsPerUnit), Window: w}
 			var fm limiter.FailureMode
 			ruleName := overrideName
 			if r := ds.rule; r != nil {
@@ -401,7 +394,7 @@ func (s *Service) plan(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, sc 
 			})
 			sc.meta = append(sc.meta, reqMeta{
 				desc: i, rule: ds.rule, ruleName: ruleName, name: ruleName,
-				unit: rlsv3.RateLimitResponse_RateLimit_Unit(o.Unit), mult: mult,
+				unit: rlsv3.RateLimitResponse_RateLimit_Unit(o.Unit), mult: overrideMultiplier(o),
 				keyStart: start, keyEnd: len(sc.key),
 			})
 		case kindRule:

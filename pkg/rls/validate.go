@@ -97,21 +97,34 @@ func checkOverride(i int, o *ratelimitv3.RateLimitDescriptor_RateLimitOverride) 
 	if overrideUnitSeconds(o.Unit) == 0 {
 		return invalid("descriptors[%d].limit.unit: %v is not a known unit", i, o.Unit)
 	}
-	mult := uint64(1)
-	if o.UnitMultiplier != nil {
-		if o.UnitMultiplier.Value == 0 {
-			return invalid("descriptors[%d].limit.unit_multiplier: must be positive", i)
-		}
-		mult = uint64(o.UnitMultiplier.Value)
+	if o.UnitMultiplier != nil && o.UnitMultiplier.Value == 0 {
+		return invalid("descriptors[%d].limit.unit_multiplier: must be positive", i)
 	}
-	// A window a time.Duration holds (unit seconds × multiplier is below
-	// 2^25 × 2^32: no overflow). Whether its algorithm counts it is known
-	// once the descriptor is matched (plan, with descriptors.Countable).
-	secs := uint64(overrideUnitSeconds(o.Unit)) * mult
-	if secs > uint64(math.MaxInt64/int64(time.Second)) {
-		return invalid("descriptors[%d].limit: a window of %d × %v is longer than %v", i, mult, o.Unit, time.Duration(math.MaxInt64).Truncate(time.Hour))
+	// A window a time.Duration holds. Whether its algorithm counts it is
+	// known once the descriptor is matched (plan, with descriptors.Countable).
+	if _, ok := overrideWindow(o); !ok {
+		return invalid("descriptors[%d].limit: a window of %d × %v is longer than %v", i, overrideMultiplier(o), o.Unit, time.Duration(math.MaxInt64).Truncate(time.Hour))
 	}
 	return nil
+}
+
+// overrideMultiplier is the override's unit_multiplier, 1 when absent.
+func overrideMultiplier(o *ratelimitv3.RateLimitDescriptor_RateLimitOverride) uint32 {
+	if o.UnitMultiplier == nil {
+		return 1
+	}
+	return o.UnitMultiplier.Value
+}
+
+// overrideWindow is the override's window, unit × unit_multiplier, and
+// whether a Duration holds it (unit seconds × multiplier is below 2^25 ×
+// 2^32: the product does not overflow).
+func overrideWindow(o *ratelimitv3.RateLimitDescriptor_RateLimitOverride) (time.Duration, bool) {
+	secs := uint64(overrideUnitSeconds(o.Unit)) * uint64(overrideMultiplier(o))
+	if secs > uint64(math.MaxInt64/int64(time.Second)) {
+		return 0, false
+	}
+	return time.Duration(secs) * time.Second, true
 }
 
 // overrideUnitSeconds is the length of a RateLimitUnit in seconds, as the
