@@ -5,26 +5,15 @@ import (
 	"regexp"
 	"strconv"
 	"testing"
-
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/envoy-rls/envoy-rls/pkg/metrics"
 )
 
 // histogramBounds returns the upper bounds of every histogram envoy-rls
-// exports, by the name of its _bucket series.
+// exports (exported), by the name of its _bucket series.
 func histogramBounds(t *testing.T) map[string]map[float64]bool {
 	t.Helper()
-	reg := prometheus.NewRegistry()
-	if _, err := metrics.New(reg); err != nil {
-		t.Fatal(err)
-	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, _, fams := exported(t)
 	out := map[string]map[float64]bool{}
-	for _, mf := range mfs {
+	for _, mf := range fams {
 		for _, m := range mf.GetMetric() {
 			if h := m.GetHistogram(); h != nil {
 				bounds := map[float64]bool{}
