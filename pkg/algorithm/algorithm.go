@@ -40,6 +40,22 @@ type State struct {
 // (l.Validate() == nil). Decide never modifies s (the new state may share
 // memory with it), so s may be decided on again.
 func Decide(l limiter.Limit, s State, now int64, hits uint64) (Decision, State) {
+	return decide(l, s, now, hits, false)
+}
+
+// DecideOwned is Decide for the one owner of s and of every state decided
+// from it, which keeps of them only the state it decides on next: a store
+// that holds one state per counter under a lock, as the memory backend
+// does. It decides as Decide does, but may write into memory that the
+// states DecideOwned decided from s before share (a sliding log appends in
+// place instead of copying itself, see SlidingLog.DecideOwned), so it
+// invalidates them (not those Decide returned), and it must not run
+// concurrently with any decision on s or a state sharing its memory.
+func DecideOwned(l limiter.Limit, s State, now int64, hits uint64) (Decision, State) {
+	return decide(l, s, now, hits, true)
+}
+
+func decide(l limiter.Limit, s State, now int64, hits uint64, owned bool) (Decision, State) {
 	w := l.Window.Milliseconds()
 	var d Decision
 	switch l.Algorithm {
@@ -48,7 +64,7 @@ func Decide(l limiter.Limit, s State, now int64, hits uint64) (Decision, State) 
 	case limiter.TokenBucket:
 		d, s.TokenBucket = TokenBucket{Limit: l.Requests, Burst: l.Capacity(), Window: w}.Decide(s.TokenBucket, now, hits)
 	case limiter.SlidingLog:
-		d, s.SlidingLog = SlidingLog{Limit: l.Requests, Window: w}.Decide(s.SlidingLog, now, hits)
+		d, s.SlidingLog = SlidingLog{Limit: l.Requests, Window: w}.decide(s.SlidingLog, now, hits, owned)
 	default:
 		d, s.SlidingWindow = SlidingWindow{Limit: l.Requests, Window: w}.Decide(s.SlidingWindow, now, hits)
 	}

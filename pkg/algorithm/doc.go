@@ -10,6 +10,9 @@
 // TokenBucket, SlidingLog) with a Decide method, and a state type whose
 // zero value means "no counter yet". Decide and the package-level Decide
 // dispatcher are safe for concurrent use: they only read their arguments.
+// DecideOwned, for a store that keeps one state per counter under a lock,
+// decides alike but may reuse the memory of states decided before (a
+// sliding log appends in place instead of copying itself).
 //
 // Common rules (COMMON.md, "Clock and numbers"):
 //   - hits == 0 checks without consuming: Allowed and RetryAfter are decided

@@ -231,7 +231,9 @@ func (b *Backend) Check(ctx context.Context, reqs []limiter.Request, results []l
 	for i := range reqs {
 		r := &reqs[i]
 		p := &pend[of[i]]
-		d, ns := algorithm.Decide(r.Limit, p.cur, now, r.Hits)
+		// The shard's lock is held and only the stored state outlives
+		// the Check, so a sliding log may append in place.
+		d, ns := algorithm.DecideOwned(r.Limit, p.cur, now, r.Hits)
 		results[i] = limiter.Result{Allowed: d.Allowed, Remaining: d.Remaining, ResetAfter: d.ResetAfter,
 			RetryAfter: d.RetryAfter, Source: limiter.SourceStore}
 		if d.Allowed && r.Hits > 0 {
