@@ -46,13 +46,30 @@ func Decide(l limiter.Limit, s State, now int64, hits uint64) (Decision, State) 
 // DecideOwned is Decide for the one owner of s and of every state decided
 // from it, which keeps of them only the state it decides on next: a store
 // that holds one state per counter under a lock, as the memory backend
-// does. It decides as Decide does, but may write into memory that the
-// states DecideOwned decided from s before share (a sliding log appends in
-// place instead of copying itself, see SlidingLog.DecideOwned), so it
-// invalidates them (not those Decide returned), and it must not run
-// concurrently with any decision on s or a state sharing its memory.
+// does. It decides as Decide does, but a sliding log's consuming decision
+// appends in place instead of copying the log when its array has room (see
+// Reserve and SlidingLog.DecideOwned), which invalidates the states
+// decided before that see a later batch. It must not run concurrently with
+// any decision on s or a state sharing its memory.
 func DecideOwned(l limiter.Limit, s State, now int64, hits uint64) (Decision, State) {
 	return decide(l, s, now, hits, true)
+}
+
+// Reserve returns s, or a copy of it equal in meaning at every instant and
+// true, on which n consuming DecideOwned decisions in a row append in
+// place: a sliding log whose array is full, or holds more batches that
+// earlier decisions trimmed than live ones, is copied with room to grow
+// (doubling). An owner calls it on the state it stores before deciding on
+// it, and stores the copy even when it then keeps nothing decided: the log
+// of a counter whose requests another limit keeps vetoing is then copied
+// once, not at every request. Other algorithms' states are returned as is.
+func Reserve(l limiter.Limit, s State, n int) (State, bool) {
+	if l.Algorithm != limiter.SlidingLog {
+		return s, false
+	}
+	var copied bool
+	s.SlidingLog, copied = s.SlidingLog.reserved(n)
+	return s, copied
 }
 
 func decide(l limiter.Limit, s State, now int64, hits uint64, owned bool) (Decision, State) {

@@ -12,7 +12,8 @@
 // dispatcher are safe for concurrent use: they only read their arguments.
 // DecideOwned, for a store that keeps one state per counter under a lock,
 // decides alike but may reuse the memory of states decided before (a
-// sliding log appends in place instead of copying itself).
+// sliding log appends in place instead of copying itself), and Reserve
+// makes that room on the state the store keeps.
 //
 // Common rules (COMMON.md, "Clock and numbers"):
 //   - hits == 0 checks without consuming: Allowed and RetryAfter are decided

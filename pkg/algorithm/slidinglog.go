@@ -25,19 +25,13 @@ type SlidingLog struct {
 // SlidingLogState is the log of admitted batches (the hits of one
 // consuming decision each), oldest first. The zero value is an empty log.
 //
-// It is a view, [lo, hi), of a log that the states decided from one
-// another share: a decision trims the view in O(log n) and counts it in
+// Its batches are b[lo:], a view of an array that the states decided from
+// one another share: a decision trims the view in O(log n) and counts it in
 // O(1) (each batch carries the running total of the hits before it, as the
-// Redis backend's members do), and DecideOwned appends to it in place.
+// Redis backend's members do), and DecideOwned appends to the array in place.
 type SlidingLogState struct {
-	log    *hitLog
-	lo, hi int
-}
-
-// hitLog is the memory SlidingLogStates share. Its batches' times never
-// decrease and their running totals increase by each batch's hits.
-type hitLog struct {
-	b []batch
+	b  []batch
+	lo int
 }
 
 // batch is the hits of one consuming decision.
@@ -48,27 +42,28 @@ type batch struct {
 }
 
 // renumberAbove bounds a log's running totals: an append that would take
-// them past it starts a new log, numbered from 0. With Limit < 2^62 the
+// them past it copies the log, numbered from 0. With Limit < 2^62 the
 // totals never overflow.
 const renumberAbove = 1 << 62
 
 // Decide applies hits at now to s. Batches that left the window are
 // dropped from the returned state.
 //
-// Decide never modifies s: a consuming decision copies the live batches
-// (one allocation), so any earlier state stays valid and may be decided on
-// again, concurrently too.
+// Decide never writes memory that any state sees: a consuming decision
+// returns a copy of the live batches plus its own, so any earlier state
+// stays valid and may be decided on again, concurrently too.
 func (a SlidingLog) Decide(s SlidingLogState, now int64, hits uint64) (Decision, SlidingLogState) {
 	return a.decide(s, now, hits, false)
 }
 
 // DecideOwned is Decide for the one owner of s and of every state decided
 // from it, which keeps of them only the state it decides on next (a store
-// under its lock): a consuming decision appends to the shared log in place,
-// amortised O(1) where Decide copies the whole live log. It invalidates
-// every state DecideOwned decided from s before (states Decide returned are
-// copies and stay valid), and must not run concurrently with any decision
-// on a state sharing s's log.
+// under its lock): a consuming decision appends its batch to s's array in
+// place when the array has room (see Reserve), where Decide copies the
+// whole live log. So it invalidates every state that sees a batch appended
+// after s's: those DecideOwned decided from s before, and those decided
+// from them without consuming. It must not run concurrently with any
+// decision on a state sharing s's array.
 func (a SlidingLog) DecideOwned(s SlidingLogState, now int64, hits uint64) (Decision, SlidingLogState) {
 	return a.decide(s, now, hits, true)
 }
@@ -89,83 +84,104 @@ func (a SlidingLog) decide(s SlidingLogState, now int64, hits uint64, owned bool
 		}
 	default:
 		// Enough hits must leave: the k-th oldest, k = n+c−Limit, is in
-		// the first batch whose running total passes start + k − 1.
-		b := live.log.b
-		target := b[live.lo].before + n + c - a.Limit
-		i := live.lo + sort.Search(live.hi-live.lo, func(i int) bool {
-			e := b[live.lo+i]
-			return e.before+e.n >= target
-		})
-		d.RetryAfter = limiter.Millis(b[i].at + a.Window - now)
+		// the first batch whose running total reaches start + k. (The
+		// clamp only matters for limits beyond 2^62, where sums wrap.)
+		b := live.b[live.lo:]
+		target := b[0].before + n + c - a.Limit
+		i := sort.Search(len(b), func(i int) bool { return b[i].before+b[i].n >= target })
+		d.RetryAfter = limiter.Millis(b[min(i, len(b)-1)].at + a.Window - now)
 	}
 	if n < a.Limit {
 		d.Remaining = a.Limit - n
 	}
 	d.ResetAfter = limiter.Millis(a.Window)
-	if live.lo < live.hi {
-		d.ResetAfter = limiter.Millis(live.log.b[live.lo].at + a.Window - now)
+	if live.lo < len(live.b) {
+		d.ResetAfter = limiter.Millis(live.b[live.lo].at + a.Window - now)
 	}
 	return d, live
 }
 
 // trimmed returns s without the batches logged at or before cutoff.
 func (s SlidingLogState) trimmed(cutoff int64) SlidingLogState {
-	if s.lo == s.hi {
-		return s
-	}
-	b := s.log.b
-	s.lo += sort.Search(s.hi-s.lo, func(i int) bool { return b[s.lo+i].at > cutoff })
+	b := s.b[s.lo:]
+	s.lo += sort.Search(len(b), func(i int) bool { return b[i].at > cutoff })
 	return s
 }
 
 // hits returns the number of hits in s.
 func (s SlidingLogState) hits() uint64 {
-	if s.lo == s.hi {
+	if s.lo == len(s.b) {
 		return 0
 	}
-	first, last := s.log.b[s.lo], s.log.b[s.hi-1]
+	first, last := s.b[s.lo], s.b[len(s.b)-1]
 	return last.before + last.n - first.before
 }
 
 // appended returns s with c hits logged at max(now, the newest batch's
-// time). Owned, it writes the batch after s in s's log, over whatever
-// states decided from s before wrote there, unless the log is full or
-// mostly batches that left the window; otherwise, and always when not
-// owned, it copies s's batches to a new log, numbered from 0.
+// time). Owned, it writes the batch at the end of s's array when the array
+// has room, after the batches that left the window if any (Reserve drops
+// them); otherwise, and always when not owned, it copies s's live batches
+// to a new array, numbered from 0.
 func (s SlidingLogState) appended(now int64, c uint64, owned bool) SlidingLogState {
 	var before uint64
-	if s.lo < s.hi {
-		last := s.log.b[s.hi-1]
+	if k := len(s.b); k > 0 {
+		// The newest batch, live or not: a batch that left the window is
+		// older than now, and the totals go on from it.
+		last := s.b[k-1]
 		now = max(now, last.at)
 		before = last.before + last.n
 	}
-	if owned && s.log != nil && s.hi < cap(s.log.b) && s.lo <= s.hi-s.lo && before <= renumberAbove-c {
-		s.log.b = append(s.log.b[:s.hi], batch{at: now, before: before, n: c})
-		s.hi++
+	if owned && len(s.b) < cap(s.b) && before <= renumberAbove && c <= renumberAbove-before {
+		s.b = append(s.b, batch{at: now, before: before, n: c}) // in place: len < cap
 		return s
 	}
-	live := s.hi - s.lo
-	size := live + 1
+	room := 1
 	if owned {
-		size = 2*live + 4 // room to append in place, doubling as the log grows
+		room = len(s.b) - s.lo + 4 // doubling as the log grows
 	}
-	l := &hitLog{b: make([]batch, live, size)}
-	if live > 0 {
-		copy(l.b, s.log.b[s.lo:s.hi])
-		base := l.b[0].before
-		for i := range l.b {
-			l.b[i].before -= base
+	s = s.copied(room)
+	before = 0
+	if k := len(s.b); k > 0 {
+		before = s.b[k-1].before + s.b[k-1].n
+	}
+	s.b = append(s.b, batch{at: now, before: before, n: c})
+	return s
+}
+
+// copied returns s's batches in a new array with room for extra more,
+// their running totals numbered from 0.
+func (s SlidingLogState) copied(extra int) SlidingLogState {
+	live := s.b[s.lo:]
+	b := make([]batch, len(live), len(live)+extra)
+	copy(b, live)
+	if len(b) > 0 {
+		base := b[0].before
+		for i := range b {
+			b[i].before -= base
 		}
-		before -= base
 	}
-	l.b = append(l.b, batch{at: now, before: before, n: c})
-	return SlidingLogState{log: l, lo: 0, hi: live + 1}
+	return SlidingLogState{b: b}
+}
+
+// reserved returns s, or a copy of it and true, whose array has room for n
+// appends in place and holds no more batches before s's than in it. A log
+// that stops changing (its requests vetoed by another limit) so keeps its
+// room: copying on the append itself would copy again at every veto.
+func (s SlidingLogState) reserved(n int) (SlidingLogState, bool) {
+	live := len(s.b) - s.lo
+	switch {
+	case live == 0:
+		return SlidingLogState{}, s.b != nil // empty: the first append allocates
+	case cap(s.b)-len(s.b) >= n && s.lo <= live:
+		return s, false
+	}
+	return s.copied(live + n + 4), true
 }
 
 // expiresAt is the instant the newest batch leaves the window.
 func (s SlidingLogState) expiresAt(w int64) int64 {
-	if s.lo == s.hi {
+	if s.lo == len(s.b) {
 		return w
 	}
-	return s.log.b[s.hi-1].at + w
+	return s.b[len(s.b)-1].at + w
 }

@@ -262,8 +262,8 @@ func fullLog(tb testing.TB) (*Backend, *limitertest.Clock, []limiter.Request) {
 // TestSlidingLogAppendsInPlace: on a full log of 10,000 requests, an
 // admission allocates nothing but the log's doubling now and then, after
 // a batch that another limit vetoed too (the log's owner writes over the
-// vetoed request's batch). Copying the log, as Decide does, would be one
-// allocation of 240 KB per admission.
+// vetoed request's batch), and so does a long run of vetoed batches.
+// Copying the log, as Decide does, would allocate 240 KB per admission.
 func TestSlidingLogAppendsInPlace(t *testing.T) {
 	b, clock, reqs := fullLog(t)
 	deny := limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 1, Window: time.Hour}
@@ -282,6 +282,17 @@ func TestSlidingLogAppendsInPlace(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Fatalf("%v allocations per admission on a full sliding log, want 0 (amortised)", allocs)
+	}
+	// Vetoed only, for longer than the window: the stored log keeps the
+	// room Reserve made, and its batches age out of the window.
+	allocs = testing.AllocsPerRun(12000, func() {
+		clock.Advance(time.Millisecond)
+		if err := b.Check(ctx, vetoed, res); err != nil || !res[0].Allowed || res[1].Allowed {
+			t.Fatalf("vetoed batch: %+v, %v", res, err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations per vetoed batch, want 0 (amortised)", allocs)
 	}
 }
 
@@ -308,5 +319,41 @@ func BenchmarkSlidingLogFull(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestSlidingLogVetoesKeepRoom: a sliding log that grows one admission at
+// a time, with vetoed batches in between, allocates at its doublings only.
+// A vetoed batch on a full log gets its room from algorithm.Reserve, and
+// the backend keeps that copy although the batch consumed nothing: were it
+// dropped, every vetoed batch on a full log would copy the log again.
+func TestSlidingLogVetoesKeepRoom(t *testing.T) {
+	clock := limitertest.NewClock(time.UnixMilli(1_767_225_600_000))
+	b := New(Options{Now: clock.Now, SweepInterval: -1})
+	defer b.Close()
+	log := limiter.Request{Key: "log", Limit: limiter.Limit{Algorithm: limiter.SlidingLog, Requests: 10000, Window: time.Hour}, Hits: 1}
+	deny := limiter.Request{Key: "deny", Limit: limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 1, Window: 24 * time.Hour}, Hits: 1}
+	check(t, b, deny)
+	ctx := context.Background()
+	res := make([]limiter.Result, 2)
+	const admissions, vetoes = 1000, 8
+	allocs := testing.AllocsPerRun(1, func() {
+		for range admissions {
+			clock.Advance(time.Millisecond)
+			if err := b.Check(ctx, []limiter.Request{log}, res[:1]); err != nil || !res[0].Allowed {
+				t.Fatalf("admission: %+v, %v", res[0], err)
+			}
+			for range vetoes {
+				if err := b.Check(ctx, []limiter.Request{log, deny}, res); err != nil || !res[0].Allowed || res[1].Allowed {
+					t.Fatalf("vetoed batch: %+v, %v", res, err)
+				}
+			}
+		}
+	})
+	// AllocsPerRun runs the loop twice and counts the second: the log
+	// grows from 1,000 to 2,000 batches, one or two doublings. A copy per
+	// vetoed batch on a full log would add vetoes at each.
+	if allocs > 2 {
+		t.Fatalf("%v allocations for %d admissions and %d vetoed batches, want one per doubling", allocs, admissions, admissions*vetoes)
 	}
 }

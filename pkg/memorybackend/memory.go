@@ -165,8 +165,11 @@ const smallBatch = 8
 type pending struct {
 	id          ident
 	shard       int
-	limit       limiter.Limit
+	limit       limiter.Limit // of the last consuming request (of the first request until then)
+	requests    int           // the batch's requests on it
 	stored, cur algorithm.State
+	expires     int64 // the stored entry's
+	reserved    bool  // stored is a copy algorithm.Reserve made
 	dirty       bool
 }
 
@@ -187,6 +190,12 @@ func (b *Backend) Check(ctx context.Context, reqs []limiter.Request, results []l
 		}
 		if err := reqs[i].Limit.Validate(); err != nil {
 			return fmt.Errorf("memorybackend: request %d: %w", i, err)
+		}
+		// As the Redis backend: the configuration counts nothing beyond
+		// it, and the algorithms' sums need it (a sliding log's limit
+		// below 2^62).
+		if err := reqs[i].Limit.ExactRange(); err != nil {
+			return fmt.Errorf("memorybackend: request %d: %w: %w", i, limiter.ErrInvalid, err)
 		}
 	}
 	if len(reqs) == 0 {
@@ -211,9 +220,10 @@ func (b *Backend) Check(ctx context.Context, reqs []limiter.Request, results []l
 		}
 		if j == len(pend) {
 			sh := b.shardOf(id)
-			pend = append(pend, pending{id: id, shard: sh})
+			pend = append(pend, pending{id: id, shard: sh, limit: reqs[i].Limit})
 			locks = insertSorted(locks, sh)
 		}
+		pend[j].requests++
 		of = append(of, j)
 	}
 
@@ -224,7 +234,11 @@ func (b *Backend) Check(ctx context.Context, reqs []limiter.Request, results []l
 	for j := range pend {
 		p := &pend[j]
 		if e, ok := b.shards[p.shard].m[p.id]; ok && e.expires > now {
-			p.stored, p.cur = e.state, e.state
+			p.expires = e.expires
+			// Room for the batch's appends in place (a sliding log), kept
+			// even if the batch is vetoed.
+			p.stored, p.reserved = algorithm.Reserve(p.limit, e.state, p.requests)
+			p.cur = p.stored
 		}
 	}
 	ok := true
@@ -243,16 +257,19 @@ func (b *Backend) Check(ctx context.Context, reqs []limiter.Request, results []l
 			ok = false
 		}
 	}
-	if ok {
-		for j := range pend {
-			if p := &pend[j]; p.dirty {
-				b.shards[p.shard].m[p.id] = entry{expires: algorithm.ExpiresAt(p.limit, p.cur), state: p.cur}
-			}
-		}
-	} else {
+	if !ok {
 		for i := range reqs {
 			d, _ := algorithm.Decide(reqs[i].Limit, pend[of[i]].stored, now, 0)
 			results[i].Remaining, results[i].ResetAfter = d.Remaining, d.ResetAfter
+		}
+	}
+	for j := range pend {
+		switch p := &pend[j]; {
+		case ok && p.dirty:
+			b.shards[p.shard].m[p.id] = entry{expires: algorithm.ExpiresAt(p.limit, p.cur), state: p.cur}
+		case p.reserved:
+			// Nothing consumed, but keep the room Reserve made.
+			b.shards[p.shard].m[p.id] = entry{expires: p.expires, state: p.stored}
 		}
 	}
 	for k := len(locks) - 1; k >= 0; k-- {

@@ -423,6 +423,9 @@ func testInvalid(t *testing.T, f Factory) {
 		"sub-ms window":  req(good.Key+"x", limiter.Limit{Requests: 1, Window: 1500 * time.Microsecond}, 1),
 		"bad algorithm":  req(good.Key+"x", limiter.Limit{Algorithm: 9, Requests: 1, Window: time.Second}, 1),
 		"tb sub-ms only": req(good.Key+"x", limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 1, Window: time.Microsecond}, 1),
+		// Beyond limiter's exact range, which the configuration refuses.
+		"inexact window": req(good.Key+"x", limiter.Limit{Requests: limiter.MaxWindowRequests + 1, Window: time.Second}, 1),
+		"inexact log":    req(good.Key+"x", limiter.Limit{Algorithm: limiter.SlidingLog, Requests: 1 << 62, Window: time.Second}, 1),
 	}
 	for name, b := range bad {
 		err := h.lim.Check(context.Background(), []limiter.Request{good, b}, make([]limiter.Result, 2))
