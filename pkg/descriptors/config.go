@@ -166,10 +166,12 @@ const maxReads = 5
 
 // readDir reads the configuration files of dir, sorted by name, as one
 // generation: it reads the folder again until two reads in a row agree (at
-// most maxReads), so that an update between the reads of two files (a
-// Kubernetes ConfigMap renaming ..data, a rule moved from one file to
-// another with --config.merge-domains) never yields a configuration made of
-// two generations, possibly without the rule it moved.
+// most maxReads), so that an update between the reads of two files (a rule
+// moved from one file to another with --config.merge-domains) never yields
+// a configuration made of two generations, possibly without the rule it
+// moved. A Kubernetes ConfigMap volume is read whole by each read (see
+// readDirOnce); two reads that agree can still both be a mix of two edits
+// of a plain folder that alternate between the same contents.
 func readDir(dir string) ([]srcFile, error) {
 	prev, err := readDirOnce(dir)
 	if err != nil {
@@ -195,10 +197,22 @@ func settle(dir string, prev []srcFile) ([]srcFile, error) {
 }
 
 // readDirOnce reads the configuration files of dir, sorted by name.
+//
+// In a Kubernetes ConfigMap volume every file is a symlink "..data/<name>"
+// and ..data a symlink to the generation's folder, which an update swaps
+// at once. Following each file's link on its own, a read that an update
+// interleaves takes some files from one generation and the rest from the
+// next; so readDirOnce resolves ..data once and reads every such file from
+// that folder: one generation whole, or an error if the kubelet removed it
+// meanwhile. The files keep their names in dir (errors, digests).
 func readDirOnce(dir string) ([]srcFile, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("descriptors: read config folder: %w", err)
+	}
+	gen, err := os.Readlink(filepath.Join(dir, "..data"))
+	if err == nil && !filepath.IsAbs(gen) {
+		gen = filepath.Join(dir, gen)
 	}
 	var files []srcFile
 	for _, e := range entries {
@@ -210,14 +224,22 @@ func readDirOnce(dir string) ([]srcFile, error) {
 			continue
 		}
 		path := filepath.Join(dir, name)
-		fi, err := os.Stat(path) // follows symlinks
+		from := path
+		if gen != "" {
+			if t, err := os.Readlink(path); err == nil {
+				if rest, ok := strings.CutPrefix(filepath.ToSlash(t), "..data/"); ok {
+					from = filepath.Join(gen, filepath.FromSlash(rest))
+				}
+			}
+		}
+		fi, err := os.Stat(from) // follows symlinks
 		if err != nil {
 			return nil, fmt.Errorf("descriptors: %w", err)
 		}
 		if !fi.Mode().IsRegular() {
 			continue
 		}
-		data, err := os.ReadFile(path)
+		data, err := os.ReadFile(from)
 		if err != nil {
 			return nil, fmt.Errorf("descriptors: %w", err)
 		}

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -343,49 +345,45 @@ func TestWatcherTicker(t *testing.T) {
 	}
 }
 
-// TestLoadDuringConfigMapSwaps: a rule moves between two files of one
-// domain (--config.merge-domains) at every ConfigMap update, updates
-// following each other as fast as they can while the folder is loaded again
-// and again. Every load that succeeds has the rule: it read one generation,
-// never a.yaml of one and b.yaml of the next (readDir reads until two reads
-// agree), and so does a Watcher's reload. Loads may fail while the folder
-// keeps changing; a mix never loads. (Before, a few hundred loads sufficed to load one without the
-// rule.)
-func TestLoadDuringConfigMapSwaps(t *testing.T) {
-	gen := func(g int) map[string]string {
-		a := "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"
-		b := "domain: d\ndescriptors:\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"
-		moved := "  - key: moved\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"
-		if g%2 == 0 {
-			a += moved
-		} else {
-			b += moved
-		}
-		return map[string]string{"a.yaml": a, "b.yaml": b}
+// movedRule is generation g of a ConfigMap of two files of one domain
+// (--config.merge-domains) whose rule "moved" is in a.yaml in even
+// generations and in b.yaml in odd ones.
+func movedRule(g int) map[string]string {
+	a := "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"
+	b := "domain: d\ndescriptors:\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"
+	moved := "  - key: moved\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"
+	if g%2 == 0 {
+		a += moved
+	} else {
+		b += moved
 	}
-	k := newKubeDir(t, gen(0))
-	w, err := NewWatcher(WatcherOptions{Dir: k.dir, Load: Options{MergeDomains: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := make(chan struct{})
+	return map[string]string{"a.yaml": a, "b.yaml": b}
+}
+
+// swapMovedRule updates k to the next generation of movedRule as fast as
+// it can until the returned stop is called, which returns how many
+// updates it made; updates counts them meanwhile. It keeps the last three
+// generations' folders.
+func swapMovedRule(t *testing.T, k *kubeDir) (updates *atomic.Int64, stop func() int) {
+	updates = new(atomic.Int64)
+	done := make(chan struct{})
 	swapped := make(chan int)
 	go func() {
 		g := 1
 		defer func() { swapped <- g }()
 		var dirs []string // the generations' folders, oldest first
-		for ; ; g++ {
+		for ; ; g, _ = g+1, updates.Add(1) {
 			select {
-			case <-stop:
+			case <-done:
 				return
 			default:
 			}
-			dir, err := k.apply(gen(g))
+			dir, err := k.apply(movedRule(g))
 			if err != nil {
 				t.Error(err)
 				return
 			}
-			if dirs = append(dirs, dir); len(dirs) > 3 { // keep the folder small
+			if dirs = append(dirs, dir); len(dirs) > 3 {
 				if err := os.RemoveAll(dirs[0]); err != nil {
 					t.Error(err)
 					return
@@ -394,6 +392,59 @@ func TestLoadDuringConfigMapSwaps(t *testing.T) {
 			}
 		}
 	}()
+	return updates, func() int {
+		close(done)
+		return <-swapped
+	}
+}
+
+// TestReadOnceDuringConfigMapSwaps: one read of a ConfigMap volume is one
+// generation whole, however an update interleaves with it: it reads every
+// file through the folder ..data named when the read began. (Following each
+// file's link on its own, most of a few thousand reads mixed generations.)
+func TestReadOnceDuringConfigMapSwaps(t *testing.T) {
+	k := newKubeDir(t, movedRule(0))
+	updates, stop := swapMovedRule(t, k)
+	var read, failed int
+	// At least 3,000 reads over at least 100 updates.
+	for i := 0; i < 3000 || updates.Load() < 100; i++ {
+		files, err := readDirOnce(k.dir)
+		if err != nil {
+			failed++ // the generation's folder was removed meanwhile
+			continue
+		}
+		read++
+		n := 0
+		for _, f := range files {
+			n += strings.Count(string(f.data), "key: moved")
+		}
+		if n != 1 {
+			t.Errorf("read %d has the moved rule %d times: files of two generations", read+failed, n)
+			break
+		}
+	}
+	t.Logf("%d reads, %d failed, %d updates", read, failed, stop())
+	if read == 0 {
+		t.Errorf("none of %d reads succeeded", failed)
+	}
+}
+
+// TestLoadDuringConfigMapSwaps: a rule moves between two files of one
+// domain (--config.merge-domains) at every ConfigMap update, updates
+// following each other as fast as they can while the folder is loaded again
+// and again. Every load that succeeds has the rule, and so does a Watcher's
+// reload. Loads may fail while the folder keeps changing; a mix never loads.
+// (Before readDir read twice, a few hundred loads sufficed to load one
+// without the rule; before readDirOnce read through ..data, two reads that
+// agreed could both be the same mix, a.yaml of an odd generation and b.yaml
+// of an even one: 1 in about 3,000 loads under make test's load.)
+func TestLoadDuringConfigMapSwaps(t *testing.T) {
+	k := newKubeDir(t, movedRule(0))
+	w, err := NewWatcher(WatcherOptions{Dir: k.dir, Load: Options{MergeDomains: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, stop := swapMovedRule(t, k)
 	var loaded, failed int
 	for i := range 3000 {
 		// Every other load is a Watcher's reload, which reads once and
@@ -413,9 +464,7 @@ func TestLoadDuringConfigMapSwaps(t *testing.T) {
 			break
 		}
 	}
-	close(stop)
-	updates := <-swapped
-	t.Logf("%d loads, %d failed while the folder changed, %d updates", loaded, failed, updates)
+	t.Logf("%d loads, %d failed while the folder changed, %d updates", loaded, failed, stop())
 	if loaded == 0 {
 		t.Errorf("no load of %d succeeded", failed)
 	}
