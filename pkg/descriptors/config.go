@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -199,51 +200,94 @@ func settle(dir string, prev []srcFile) ([]srcFile, error) {
 // readDirOnce reads the configuration files of dir, sorted by name.
 //
 // In a Kubernetes ConfigMap volume every file is a symlink "..data/<name>"
-// and ..data a symlink to the generation's folder, which an update swaps
-// at once. Following each file's link on its own, a read that an update
-// interleaves takes some files from one generation and the rest from the
-// next; so readDirOnce resolves ..data once and reads every such file from
-// that folder: one generation whole, or an error if the kubelet removed it
-// meanwhile. The files keep their names in dir (errors, digests).
+// and ..data a symlink to the generation's folder: an update swaps ..data
+// at once, then adds the links of new files and removes those of dropped
+// ones. Following each file's link on its own, a read that an update
+// interleaves takes some files from one generation and the rest (or none)
+// from the next. So readDirOnce resolves ..data first and takes the
+// ConfigMap's files from that folder's own listing: one generation whole.
+// Only the other entries of dir (plain files, other links) are read from
+// dir. If the kubelet removed the generation's folder meanwhile, it reads
+// again from the new one. The files keep their names in dir in parse
+// errors and digests; an I/O error names the path it failed on.
 func readDirOnce(dir string) ([]srcFile, error) {
+	for range maxReads - 1 {
+		gen := dataFolder(dir)
+		files, err := readDirFrom(dir, gen)
+		if gen != "" && errors.Is(err, fs.ErrNotExist) && dataFolder(dir) != gen {
+			continue // ..data moved on, and its old folder went
+		}
+		return files, err
+	}
+	return nil, fmt.Errorf("descriptors: the ConfigMap in %s changed during each of %d reads in a row; it is read again at the next check", dir, maxReads-1)
+}
+
+// dataFolder returns the folder dir/..data links to, or "" when it is no
+// link (dir is not a ConfigMap volume).
+func dataFolder(dir string) string {
+	gen, err := os.Readlink(filepath.Join(dir, "..data"))
+	switch {
+	case err != nil:
+		return ""
+	case filepath.IsAbs(gen):
+		return gen
+	}
+	return filepath.Join(dir, gen)
+}
+
+// readDirFrom is one read of readDirOnce, with the ConfigMap's files taken
+// from the folder gen ("" when dir is no ConfigMap volume).
+func readDirFrom(dir, gen string) ([]srcFile, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("descriptors: read config folder: %w", err)
 	}
-	gen, err := os.Readlink(filepath.Join(dir, "..data"))
-	if err == nil && !filepath.IsAbs(gen) {
-		gen = filepath.Join(dir, gen)
-	}
-	var files []srcFile
+	type source struct{ name, from string }
+	var sources []source
+	own := map[string]bool{} // names in dir that are not the ConfigMap's links
 	for _, e := range entries {
-		name := e.Name()
-		if strings.HasPrefix(name, ".") {
-			continue
-		}
-		if ext := filepath.Ext(name); ext != ".yaml" && ext != ".yml" {
-			continue
-		}
-		path := filepath.Join(dir, name)
-		from := path
-		if gen != "" {
-			if t, err := os.Readlink(path); err == nil {
-				if rest, ok := strings.CutPrefix(filepath.ToSlash(t), "..data/"); ok {
-					from = filepath.Join(gen, filepath.FromSlash(rest))
-				}
+		path := filepath.Join(dir, e.Name())
+		if gen != "" && e.Type()&fs.ModeSymlink != 0 {
+			t, err := os.Readlink(path)
+			if errors.Is(err, fs.ErrNotExist) || err == nil && strings.HasPrefix(filepath.ToSlash(t), "..data/") {
+				continue // the ConfigMap's (or a link it just dropped): from gen's listing below
 			}
 		}
-		fi, err := os.Stat(from) // follows symlinks
+		own[e.Name()] = true
+		sources = append(sources, source{e.Name(), path})
+	}
+	if gen != "" {
+		gens, err := os.ReadDir(gen)
+		if err != nil {
+			return nil, fmt.Errorf("descriptors: read config folder: %w", err)
+		}
+		for _, e := range gens {
+			if !own[e.Name()] {
+				sources = append(sources, source{e.Name(), filepath.Join(gen, e.Name())})
+			}
+		}
+		slices.SortFunc(sources, func(a, b source) int { return strings.Compare(a.name, b.name) })
+	}
+	var files []srcFile
+	for _, src := range sources {
+		if strings.HasPrefix(src.name, ".") {
+			continue
+		}
+		if ext := filepath.Ext(src.name); ext != ".yaml" && ext != ".yml" {
+			continue
+		}
+		fi, err := os.Stat(src.from) // follows symlinks
 		if err != nil {
 			return nil, fmt.Errorf("descriptors: %w", err)
 		}
 		if !fi.Mode().IsRegular() {
 			continue
 		}
-		data, err := os.ReadFile(from)
+		data, err := os.ReadFile(src.from)
 		if err != nil {
 			return nil, fmt.Errorf("descriptors: %w", err)
 		}
-		files = append(files, srcFile{name: path, data: data})
+		files = append(files, srcFile{name: filepath.Join(dir, src.name), data: data})
 	}
 	if len(files) == 0 {
 		return nil, fmt.Errorf("descriptors: no configuration files (*.yaml, *.yml) in %s", dir)

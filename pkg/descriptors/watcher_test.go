@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -27,11 +28,6 @@ type kubeDir struct {
 func newKubeDir(t *testing.T, files map[string]string) *kubeDir {
 	k := &kubeDir{t: t, dir: t.TempDir()}
 	k.update(files)
-	for name := range files {
-		if err := os.Symlink(filepath.Join("..data", name), filepath.Join(k.dir, name)); err != nil {
-			t.Fatal(err)
-		}
-	}
 	return k
 }
 
@@ -43,7 +39,9 @@ func (k *kubeDir) update(files map[string]string) {
 }
 
 // apply is update without the test's Fatal, for a goroutine of the test: it
-// returns the new generation's folder.
+// returns the new generation's folder. As the kubelet, it writes the
+// generation's folder, swaps ..data to it, then links new files and
+// unlinks dropped ones.
 func (k *kubeDir) apply(files map[string]string) (string, error) {
 	k.gen++
 	ts := filepath.Join(k.dir, fmt.Sprintf("..2026_01_01_00_00_%02d.%d", k.gen, k.gen))
@@ -59,7 +57,30 @@ func (k *kubeDir) apply(files map[string]string) (string, error) {
 	if err := os.Symlink(filepath.Base(ts), tmp); err != nil {
 		return "", err
 	}
-	return ts, os.Rename(tmp, filepath.Join(k.dir, "..data"))
+	if err := os.Rename(tmp, filepath.Join(k.dir, "..data")); err != nil {
+		return "", err
+	}
+	for name := range files {
+		link := filepath.Join(k.dir, name)
+		if _, err := os.Lstat(link); errors.Is(err, fs.ErrNotExist) {
+			if err := os.Symlink(filepath.Join("..data", name), link); err != nil {
+				return "", err
+			}
+		}
+	}
+	entries, err := os.ReadDir(k.dir)
+	if err != nil {
+		return "", err
+	}
+	for _, e := range entries {
+		link := filepath.Join(k.dir, e.Name())
+		if t, err := os.Readlink(link); err == nil && strings.HasPrefix(t, "..data/") && files[e.Name()] == "" {
+			if err := os.Remove(link); err != nil {
+				return "", err
+			}
+		}
+	}
+	return ts, nil
 }
 
 // harness runs a Watcher driven by a tick channel and collects its events.
@@ -345,16 +366,21 @@ func TestWatcherTicker(t *testing.T) {
 	}
 }
 
-// movedRule is generation g of a ConfigMap of two files of one domain
+// movedRule is generation g of a ConfigMap of files of one domain
 // (--config.merge-domains) whose rule "moved" is in a.yaml in even
-// generations and in b.yaml in odd ones.
+// generations, in b.yaml in odd ones, and every fourth generation in c.yaml,
+// a file of its own that the others do not have.
 func movedRule(g int) map[string]string {
-	a := "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"
-	b := "domain: d\ndescriptors:\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"
+	head := "domain: d\ndescriptors:\n"
+	a := head + "  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"
+	b := head + "  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"
 	moved := "  - key: moved\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"
-	if g%2 == 0 {
+	switch {
+	case g%4 == 3:
+		return map[string]string{"a.yaml": a, "b.yaml": b, "c.yaml": head + moved}
+	case g%2 == 0:
 		a += moved
-	} else {
+	default:
 		b += moved
 	}
 	return map[string]string{"a.yaml": a, "b.yaml": b}
@@ -362,15 +388,17 @@ func movedRule(g int) map[string]string {
 
 // swapMovedRule updates k to the next generation of movedRule as fast as
 // it can until the returned stop is called, which returns how many
-// updates it made; updates counts them meanwhile. It keeps the last three
+// updates it made; updates counts them meanwhile, and exited is closed when
+// the updates end (stopped, or failed). It keeps the last three
 // generations' folders.
-func swapMovedRule(t *testing.T, k *kubeDir) (updates *atomic.Int64, stop func() int) {
+func swapMovedRule(t *testing.T, k *kubeDir) (updates *atomic.Int64, exited <-chan struct{}, stop func() int) {
 	updates = new(atomic.Int64)
 	done := make(chan struct{})
-	swapped := make(chan int)
+	ended := make(chan struct{})
+	swapped := make(chan int, 1)
 	go func() {
 		g := 1
-		defer func() { swapped <- g }()
+		defer func() { swapped <- g; close(ended) }()
 		var dirs []string // the generations' folders, oldest first
 		for ; ; g, _ = g+1, updates.Add(1) {
 			select {
@@ -392,7 +420,7 @@ func swapMovedRule(t *testing.T, k *kubeDir) (updates *atomic.Int64, stop func()
 			}
 		}
 	}()
-	return updates, func() int {
+	return updates, ended, func() int {
 		close(done)
 		return <-swapped
 	}
@@ -404,10 +432,15 @@ func swapMovedRule(t *testing.T, k *kubeDir) (updates *atomic.Int64, stop func()
 // file's link on its own, most of a few thousand reads mixed generations.)
 func TestReadOnceDuringConfigMapSwaps(t *testing.T) {
 	k := newKubeDir(t, movedRule(0))
-	updates, stop := swapMovedRule(t, k)
+	updates, exited, stop := swapMovedRule(t, k)
 	var read, failed int
-	// At least 3,000 reads over at least 100 updates.
+	// At least 3,000 reads over at least 100 updates, while they go on.
 	for i := 0; i < 3000 || updates.Load() < 100; i++ {
+		select {
+		case <-exited:
+			t.Fatalf("the updates ended after %d", updates.Load())
+		default:
+		}
 		files, err := readDirOnce(k.dir)
 		if err != nil {
 			failed++ // the generation's folder was removed meanwhile
@@ -418,8 +451,8 @@ func TestReadOnceDuringConfigMapSwaps(t *testing.T) {
 		for _, f := range files {
 			n += strings.Count(string(f.data), "key: moved")
 		}
-		if n != 1 {
-			t.Errorf("read %d has the moved rule %d times: files of two generations", read+failed, n)
+		if n != 1 || len(files) == 3 && !strings.HasSuffix(files[2].name, "c.yaml") {
+			t.Errorf("read %d has the moved rule %d times in %d files: files of two generations", read+failed, n, len(files))
 			break
 		}
 	}
@@ -444,7 +477,7 @@ func TestLoadDuringConfigMapSwaps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, stop := swapMovedRule(t, k)
+	_, _, stop := swapMovedRule(t, k)
 	var loaded, failed int
 	for i := range 3000 {
 		// Every other load is a Watcher's reload, which reads once and
