@@ -43,7 +43,7 @@ func logHits(t testing.TB, v []redis.Z) map[int64]uint64 {
 
 // readLog returns the log of the counter of req as logHits does, with its
 // members.
-func readLog(t testing.TB, c *redis.Client, prefix string, req limiter.Request) ([]redis.Z, map[int64]uint64) {
+func readLog(t testing.TB, c redis.Cmdable, prefix string, req limiter.Request) ([]redis.Z, map[int64]uint64) {
 	t.Helper()
 	v, err := c.ZRangeWithScores(context.Background(), baseKey(prefix, req), 0, -1).Result()
 	if err != nil {
@@ -120,7 +120,6 @@ func TestSlidingLogAgainstModel(t *testing.T) {
 	lim := limiter.Limit{Algorithm: limiter.SlidingLog, Requests: 1000, Window: time.Minute}
 	rng := rand.New(rand.NewPCG(3, 4))
 	k := key("model")
-	probes := 0
 	// check sends a Check of one request on the log per hits, and returns
 	// whether the first was admitted.
 	check := func(hits ...uint64) bool {
@@ -152,7 +151,6 @@ func TestSlidingLogAgainstModel(t *testing.T) {
 			t.Fatalf("round %d admitted nothing: the log never left the window", round)
 		}
 		for range 150 {
-			probes++
 			check(rng.Uint64N(lim.Requests + 1))
 		}
 		// The first part of this round's batches leaves the window.
@@ -358,49 +356,48 @@ func TestSlidingLogForeignMiddleMember(t *testing.T) {
 	b := newSingle(t, r, DefaultKeyPrefix, func() time.Time { return time.UnixMilli(now) })
 	c := r.Client()
 	ctx := context.Background()
-	lim := limiter.Limit{Algorithm: limiter.SlidingLog, Requests: 10, Window: time.Minute}
 	res := make([]limiter.Result, 1)
+	batch := func(agoMs int64, start, n uint64) redis.Z {
+		return redis.Z{Score: float64(now - agoMs), Member: fmt.Sprintf("%016d:%d", start, n)}
+	}
+	foreign := func(agoMs int64) redis.Z { return redis.Z{Score: float64(now - agoMs), Member: "x"} }
 	for _, tc := range []struct {
-		name  string
-		base  int64 // the first batch's start
-		hits  uint64
-		check func(t *testing.T, res limiter.Result, log map[int64]uint64)
+		name        string
+		limit, hits uint64
+		log         []redis.Z
+		check       func(t *testing.T, res limiter.Result, log []redis.Z)
 	}{
-		{"a denial's search", 0, 5, func(t *testing.T, res limiter.Result, log map[int64]uint64) {
-			// k = 10 + 5 − 10 = 5: the search probes the foreign member.
-			if res.Allowed || res.RetryAfter != 50*time.Second {
-				t.Errorf("5 hits on a full log: %+v, want denied until the newest batch leaves, 50s", res)
-			}
-		}},
-		{"a renumbering", 999_999_999_999_990, 0, func(t *testing.T, res limiter.Result, log map[int64]uint64) {
-			if want := map[int64]uint64{now: 1}; fmt.Sprint(log) != fmt.Sprint(want) {
-				t.Errorf("log after the renumbering met the foreign member: %v, want %v (replaced)", log, want)
-			}
-		}},
+		// A full log of 10 hits; k = 10 + 5 − 10 = 5, the first probe
+		// lands on x. The 5th hit is in the batch of 20 s ago (retry 40 s);
+		// the fallback is the newest batch's, 10 s ago: 50 s.
+		{"a denial's search", 10, 5, []redis.Z{batch(40_000, 0, 4), foreign(30_000), batch(20_000, 4, 3), batch(10_000, 7, 3)},
+			func(t *testing.T, res limiter.Result, _ []redis.Z) {
+				if res.Allowed || res.RetryAfter != 50*time.Second {
+					t.Errorf("5 hits on a full log: %+v, want denied until the newest batch leaves, 50s", res)
+				}
+			}},
+		// One more than the log holds: the hit is admitted, and the total
+		// passes its maximum.
+		{"a renumbering", 11, 1, []redis.Z{batch(30_000, 999_999_999_999_990, 4), foreign(20_000), batch(10_000, 999_999_999_999_994, 6)},
+			func(t *testing.T, _ limiter.Result, v []redis.Z) {
+				if log, want := logHits(t, v), map[int64]uint64{now: 1}; fmt.Sprint(log) != fmt.Sprint(want) {
+					t.Errorf("log after the renumbering met the foreign member: %v, want %v (replaced)", log, want)
+				}
+			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			req := limiter.Request{Key: key(tc.name), Limit: lim, Hits: tc.hits}
-			k := baseKey(DefaultKeyPrefix, req)
-			if err := c.ZAdd(ctx, k,
-				redis.Z{Score: float64(now - 30_000), Member: fmt.Sprintf("%016d:4", tc.base)},
-				redis.Z{Score: float64(now - 20_000), Member: "x"},
-				redis.Z{Score: float64(now - 10_000), Member: fmt.Sprintf("%016d:6", tc.base+4)},
-			).Err(); err != nil {
+			req := limiter.Request{Key: key(tc.name), Limit: limiter.Limit{Algorithm: limiter.SlidingLog, Requests: tc.limit, Window: time.Minute}, Hits: tc.hits}
+			if err := c.ZAdd(ctx, baseKey(DefaultKeyPrefix, req), tc.log...).Err(); err != nil {
 				t.Fatalf("ZADD: %v", err)
-			}
-			if tc.hits == 0 {
-				// One more than the log holds: the hit is admitted, and
-				// the total passes its maximum.
-				req.Limit.Requests, req.Hits = 11, 1
 			}
 			if err := b.Check(ctx, []limiter.Request{req}, res); err != nil {
 				t.Fatalf("Check: %v", err)
 			}
-			var log map[int64]uint64
-			if tc.hits == 0 {
-				_, log = readLog(t, c, DefaultKeyPrefix, req)
+			v, err := c.ZRangeWithScores(ctx, baseKey(DefaultKeyPrefix, req), 0, -1).Result()
+			if err != nil {
+				t.Fatalf("ZRANGE: %v", err)
 			}
-			tc.check(t, res[0], log)
+			tc.check(t, res[0], v)
 		})
 	}
 }

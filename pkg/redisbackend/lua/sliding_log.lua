@@ -173,12 +173,12 @@ function sliding_log.decide(s, now, w, l, cap, c, consume, no_retry)
     -- tentative hits are logged at max(now, the newest batch's time).
     local k = n + c - l
     local t = now
-    if no_retry then
-      t = now
-    elseif k <= s.n then
-      t = sl_hit_time(s, now - w, k, now)
-    elseif s.tlast and s.tlast > t then
-      t = s.tlast
+    if not no_retry then
+      if k <= s.n then
+        t = sl_hit_time(s, now - w, k, now)
+      elseif s.tlast and s.tlast > t then
+        t = s.tlast
+      end
     end
     retry = t + w - now
   end
