@@ -48,7 +48,7 @@ func Decide(l limiter.Limit, s State, now int64, hits uint64) (Decision, State) 
 // that holds one state per counter under a lock, as the memory backend
 // does. It decides as Decide does, but a sliding log's consuming decision
 // appends in place instead of copying the log when its array has room (see
-// Reserve and SlidingLog.DecideOwned), which invalidates the states
+// Reserve and SlidingLog.decide), which invalidates the states
 // decided before that see a later batch. It must not run concurrently with
 // any decision on s or a state sharing its memory.
 func DecideOwned(l limiter.Limit, s State, now int64, hits uint64) (Decision, State) {

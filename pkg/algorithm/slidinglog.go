@@ -28,7 +28,8 @@ type SlidingLog struct {
 // Its batches are b[lo:], a view of an array that the states decided from
 // one another share: a decision trims the view in O(log n) and counts it in
 // O(1) (each batch carries the running total of the hits before it, as the
-// Redis backend's members do), and DecideOwned appends to the array in place.
+// Redis backend's members do), and DecideOwned (algorithm.go) appends to
+// the array in place.
 type SlidingLogState struct {
 	b  []batch
 	lo int
@@ -56,18 +57,15 @@ func (a SlidingLog) Decide(s SlidingLogState, now int64, hits uint64) (Decision,
 	return a.decide(s, now, hits, false)
 }
 
-// DecideOwned is Decide for the one owner of s and of every state decided
-// from it, which keeps of them only the state it decides on next (a store
-// under its lock): a consuming decision appends its batch to s's array in
-// place when the array has room (see Reserve), where Decide copies the
-// whole live log. So it invalidates every state that sees a batch appended
-// after s's: those DecideOwned decided from s before, and those decided
-// from them without consuming. It must not run concurrently with any
-// decision on a state sharing s's array.
-func (a SlidingLog) DecideOwned(s SlidingLogState, now int64, hits uint64) (Decision, SlidingLogState) {
-	return a.decide(s, now, hits, true)
-}
-
+// decide is Decide, or with owned DecideOwned (the package's dispatcher,
+// algorithm.go): for the one owner of s and of every state decided from
+// it, which keeps of them only the state it decides on next (a store under
+// its lock), a consuming decision appends its batch to s's array in place
+// when the array has room (see Reserve), where Decide copies the whole
+// live log. So it invalidates every state that sees a batch appended after
+// s's: those decided owned from s before, and those decided from them
+// without consuming. It must not run concurrently with any decision on a
+// state sharing s's array.
 func (a SlidingLog) decide(s SlidingLogState, now int64, hits uint64, owned bool) (Decision, SlidingLogState) {
 	c, consume := effectiveHits(hits)
 	live := s.trimmed(now - a.Window)

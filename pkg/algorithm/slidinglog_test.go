@@ -65,7 +65,7 @@ func TestSlidingLogStatesStayValid(t *testing.T) {
 			}
 			_, v := a.Decide(owned, now, 0)
 			states = append(states, kept{v, now, probe(a, v, now)})
-			if d, no := a.DecideOwned(owned, now, hits[i]); d.Allowed && hits[i] > 0 {
+			if d, no := a.decide(owned, now, hits[i], true); d.Allowed && hits[i] > 0 {
 				owned = no
 			}
 		}
@@ -103,7 +103,7 @@ func TestSlidingLogOwnedMatchesDecide(t *testing.T) {
 				t.Fatalf("seed %d, event %d: array of capacity %d for %d batches", seed, i, cap(owned.b), live)
 			}
 			dp, np := a.Decide(pure, nows[i], hits[i])
-			do, no := a.DecideOwned(owned, nows[i], hits[i])
+			do, no := a.decide(owned, nows[i], hits[i], true)
 			if dp != do {
 				t.Fatalf("seed %d, event %d at %d hits %d: DecideOwned %+v, Decide %+v", seed, i, nows[i], hits[i], do, dp)
 			}
@@ -134,12 +134,12 @@ func TestSlidingLogOwnedAppendsInPlace(t *testing.T) {
 	now := int64(base)
 	for range 5000 {
 		s, _ = s.reserved(1)
-		_, s = a.DecideOwned(s, now, 1)
+		_, s = a.decide(s, now, 1, true)
 		now++
 	}
 	admit := func() SlidingLogState {
 		s, _ = s.reserved(1)
-		d, ns := a.DecideOwned(s, now, 1)
+		d, ns := a.decide(s, now, 1, true)
 		if !d.Allowed {
 			t.Fatal("denied")
 		}
@@ -187,7 +187,7 @@ func TestSlidingLogRenumbers(t *testing.T) {
 	for i := range 200 {
 		owned, _ = owned.reserved(1)
 		dp, np := a.Decide(pure, now, c)
-		do, no := a.DecideOwned(owned, now, c)
+		do, no := a.decide(owned, now, c, true)
 		if dp != do || !do.Allowed {
 			t.Fatalf("append %d: DecideOwned %+v, Decide %+v", i, do, dp)
 		}
@@ -224,7 +224,7 @@ func TestSlidingLogHugeLimitsDoNotPanic(t *testing.T) {
 			h := rng.Uint64N(a.Limit) + 1
 			owned, _ := s.reserved(1)
 			a.Decide(s, now, h)
-			if d, ns := a.DecideOwned(owned, now, h); d.Allowed {
+			if d, ns := a.decide(owned, now, h, true); d.Allowed {
 				s = ns
 			}
 		}

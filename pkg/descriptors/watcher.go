@@ -194,9 +194,13 @@ func (w *Watcher) check(trigger Trigger) ReloadEvent {
 	// an update between two files' reads never loads as a mix.
 	files, err := readDirOnce(w.opts.Dir)
 	var sum string
+	// Whether the files read are the running configuration's, or (on a
+	// poll) the ones the last check read.
+	running := func() bool { return cur != nil && sum == cur.Digest() }
+	checked := func() bool { return trigger == TriggerPoll && sum == w.lastDigest }
 	if err == nil {
 		sum = digest(files)
-		if !(cur != nil && sum == cur.Digest()) && !(trigger == TriggerPoll && sum == w.lastDigest) {
+		if !running() && !checked() {
 			if files, err = settle(w.opts.Dir, files); err == nil {
 				sum = digest(files)
 			}
@@ -208,14 +212,14 @@ func (w *Watcher) check(trigger Trigger) ReloadEvent {
 		return w.report(ev)
 	}
 	switch {
-	case cur != nil && sum == cur.Digest():
+	case running():
 		ev.Outcome = Unchanged
 		if w.lastErr != nil {
 			ev.Outcome = Restored // the last check failed
 		}
 		w.lastDigest, w.lastErr = sum, nil
 		return w.report(ev)
-	case trigger == TriggerPoll && sum == w.lastDigest:
+	case checked():
 		ev.Outcome, ev.Err = Unchanged, w.lastErr
 		return w.report(ev)
 	}

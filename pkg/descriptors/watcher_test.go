@@ -482,10 +482,12 @@ func TestLoadDuringConfigMapSwaps(t *testing.T) {
 	for i := range 3000 {
 		// Every other load is a Watcher's reload, which reads once and
 		// reads again only when that read is not a generation it knows.
-		cfg, err := Load(k.dir, Options{MergeDomains: true})
-		if i%2 == 1 {
-			err = w.Reload()
-			cfg = w.Current()
+		var cfg *Config
+		var err error
+		if i%2 == 0 {
+			cfg, err = Load(k.dir, Options{MergeDomains: true})
+		} else {
+			err, cfg = w.Reload(), w.Current()
 		}
 		if err != nil {
 			failed++

@@ -156,7 +156,7 @@ func (w *workload) check(req limiter.Request) limiter.Result {
 	if ctx.Err() != nil {
 		// Not asserted here: with 2 shared cores under -race a goroutine
 		// can stall for longer than the whole deadline even on a decision
-		// that does no I/O (see TestLatencyAnswersWithinDeadline and
+		// that does no I/O (see TestLatencyGivesUpBeforeDeadline and
 		// checkDeadlines for the deterministic properties).
 		w.late.Add(1)
 		if over := int64(time.Since(deadline)); over > w.worst.Load() {
@@ -348,27 +348,28 @@ func runOutage(t *testing.T, f fault) {
 	settleGoroutines(t, base)
 }
 
-// TestLatencyAnswersWithinDeadline: Redis answers 200 ms late. Each Check,
+// TestLatencyGivesUpBeforeDeadline: Redis answers 200 ms late. Each Check,
 // made one at a time under Envoy's 20 ms deadline, returns no error, by the
 // request's failure mode; the store is asked with the deadline less the
 // margin and gives up (it does not wait for the late reply), which leaves
 // the margin for the answer. (Whether the answer then lands within the
 // margin is the machine's scheduling: it is logged, not asserted, since a
-// loaded 2-core machine running the suite in parallel missed it.) After the latency is removed, the store decides again. Both ways
+// loaded 2-core machine running the suite in parallel missed it.) After
+// the latency is removed, the store decides again. Both ways
 // of giving the store its deadline: CheckBy (the Backend's, serve's path) and
 // a derived context (a primary without CheckBy), each with the Backend's
 // calls coalesced and not.
-func TestLatencyAnswersWithinDeadline(t *testing.T) {
+func TestLatencyGivesUpBeforeDeadline(t *testing.T) {
 	for _, by := range []bool{true, false} {
 		for _, senders := range []int{0, -1} {
 			t.Run(fmt.Sprintf("CheckBy=%v/senders=%d", by, senders), func(t *testing.T) {
-				latencyAnswersWithinDeadline(t, by, senders)
+				latencyGivesUpBeforeDeadline(t, by, senders)
 			})
 		}
 	}
 }
 
-func latencyAnswersWithinDeadline(t *testing.T, by bool, senders int) {
+func latencyGivesUpBeforeDeadline(t *testing.T, by bool, senders int) {
 	r := testenv.RedisServer(t)
 	px := newProxy(t, r.Addr)
 	rb := newRedisBackend(t, redisbackend.Options{URL: "redis://" + px.Addr, PoolSize: poolSize, Senders: senders})
