@@ -66,10 +66,10 @@ func envoyRLSBinary(t testing.TB) string {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
 		out := filepath.Join(binDir, "envoy-rls")
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/envoy-rls")
+		cmd := exec.CommandContext(ctx, "go", "build", "-tags", "vtprotobuf", "-o", out, "./cmd/envoy-rls")
 		cmd.Dir = root
 		if b, err := cmd.CombinedOutput(); err != nil {
-			envoyRLSBuild.err = fmt.Errorf("go build ./cmd/envoy-rls: %w\n%s", err, b)
+			envoyRLSBuild.err = fmt.Errorf("go build -tags vtprotobuf ./cmd/envoy-rls: %w\n%s", err, b)
 			return
 		}
 		envoyRLSBuild.path = out

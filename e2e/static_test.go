@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -305,5 +306,52 @@ func TestBrokenComposeFilesFail(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestBuildsUseVTProtobuf checks that every recipe that builds or tests
+// envoy-rls passes the vtprotobuf build tag, without which the server's
+// gRPC codec encodes responses by reflection (rls.Codec): the Dockerfile's
+// and make bench's builds, and every go command of the Makefile.
+func TestBuildsUseVTProtobuf(t *testing.T) {
+	root := repoRoot(t)
+	read := func(name string) []string {
+		b, err := os.ReadFile(filepath.Join(root, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Split(string(b), "\n")
+	}
+	for _, name := range []string{"Dockerfile", filepath.Join("scripts", "bench.sh")} {
+		builds := 0
+		for i, line := range read(name) {
+			if !strings.Contains(line, "go build") || !strings.Contains(line, "./cmd/envoy-rls") {
+				continue
+			}
+			builds++
+			if !strings.Contains(line, "-tags vtprotobuf") {
+				t.Errorf("%s:%d: envoy-rls built without -tags vtprotobuf: %s", name, i+1, strings.TrimSpace(line))
+			}
+		}
+		if builds == 0 {
+			t.Errorf("%s: no go build of ./cmd/envoy-rls found", name)
+		}
+	}
+	tags, commands := false, 0
+	for i, line := range read("Makefile") {
+		if strings.HasPrefix(line, "GOTAGS ?= ") {
+			tags = strings.Contains(line, "vtprotobuf")
+		}
+		for _, verb := range []string{"test", "vet", "build", "run"} {
+			if strings.Contains(line, "$(GO) "+verb+" ") {
+				commands++
+				if !strings.Contains(line, `-tags "$(GOTAGS)"`) {
+					t.Errorf("Makefile:%d: go %s without the build tags: %s", i+1, verb, strings.TrimSpace(line))
+				}
+			}
+		}
+	}
+	if !tags || commands != 4 {
+		t.Errorf("Makefile: GOTAGS defaults to vtprotobuf: %v; go test, vet, build and run: %d of 4 found", tags, commands)
 	}
 }

@@ -231,7 +231,7 @@ log "building rls-bench"
 go build -o "$BIN/rls-bench" ./cmd/rls-bench
 if [ "$needs_rls" = 1 ]; then
 	log "building envoy-rls"
-	go build -o "$BIN/envoy-rls" ./cmd/envoy-rls ||
+	go build -tags vtprotobuf -o "$BIN/envoy-rls" ./cmd/envoy-rls ||
 		die "envoy-rls does not build; BENCH_SCENARIOS=ceiling runs the do-nothing ceiling alone"
 	command -v redis-server >/dev/null 2>&1 ||
 		die "redis-server not found in PATH: run \`make test\` (it installs redis-server) or scripts/install-deps.sh"

@@ -138,14 +138,15 @@ func BenchmarkShouldRateLimitParallel(b *testing.B) {
 
 // wireBench drives the registered handler (shouldRateLimitHandler) as the
 // gRPC server does, minus the transport: it decodes each request from its
-// wire bytes with gRPC's proto codec into a lenientRequest, answers it, and
-// encodes the response with the same codec (proto.Size, then a marshal
-// using the cached sizes). want is every response's overall code.
+// wire bytes into a lenientRequest, answers it, and encodes the response,
+// with the server's Codec ("codec=rls") and with gRPC's proto codec, which
+// a server without grpc.ForceServerCodecV2 uses ("codec=grpc"). want is
+// every response's overall code.
 func wireBench(b *testing.B, svc *Service, reqs []*rlsv3.RateLimitRequest, want rlsv3.RateLimitResponse_Code) {
 	b.Helper()
-	codec := encoding.GetCodecV2(grpcproto.Name)
-	if codec == nil {
-		b.Fatal("gRPC proto codec not registered")
+	rlsCodec, err := NewCodec()
+	if err != nil {
+		b.Fatal(err)
 	}
 	wire := make([]mem.BufferSlice, len(reqs))
 	for i, req := range reqs {
@@ -155,34 +156,43 @@ func wireBench(b *testing.B, svc *Service, reqs []*rlsv3.RateLimitRequest, want 
 		}
 		wire[i] = mem.BufferSlice{mem.SliceBuffer(raw)}
 	}
-	ctx := context.Background()
-	b.ReportAllocs()
-	defer reportCPU(b)()
-	i := 0
-	for b.Loop() {
-		data := wire[i%len(wire)]
-		dec := func(v any) error { return codec.Unmarshal(data, v) }
-		out, err := shouldRateLimitHandler(svc, ctx, dec, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if code := out.(*rlsv3.RateLimitResponse).OverallCode; code != want {
-			b.Fatalf("overall code %v, want %v", code, want)
-		}
-		enc, err := codec.Marshal(out)
-		if err != nil {
-			b.Fatal(err)
-		}
-		enc.Free()
-		i++
+	for _, c := range []struct {
+		name  string
+		codec encoding.CodecV2
+	}{{"codec=rls", rlsCodec}, {"codec=grpc", encoding.GetCodecV2(grpcproto.Name)}} {
+		b.Run(c.name, func(b *testing.B) {
+			codec := c.codec
+			ctx := context.Background()
+			b.ReportAllocs()
+			defer reportCPU(b)()
+			i := 0
+			for b.Loop() {
+				data := wire[i%len(wire)]
+				dec := func(v any) error { return codec.Unmarshal(data, v) }
+				out, err := shouldRateLimitHandler(svc, ctx, dec, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if code := out.(*rlsv3.RateLimitResponse).OverallCode; code != want {
+					b.Fatalf("overall code %v, want %v", code, want)
+				}
+				enc, err := codec.Marshal(out)
+				if err != nil {
+					b.Fatal(err)
+				}
+				enc.Free()
+				i++
+			}
+		})
 	}
 }
 
 // BenchmarkWireShouldRateLimit is BenchmarkShouldRateLimit from wire bytes
 // to wire bytes: the request decoded through lenientRequest and the
-// response marshaled by gRPC's proto codec, as on the server:
+// response encoded as on the server (see wireBench). Run it with the
+// vtprotobuf build tag, as make builds the server, for the Codec's encoder:
 //
-//	go test -run '^$' -bench WireShouldRateLimit -benchmem -count 5 ./pkg/rls
+//	go test -tags vtprotobuf -run '^$' -bench WireShouldRateLimit -benchmem -count 5 ./pkg/rls
 func BenchmarkWireShouldRateLimit(b *testing.B) {
 	svc := benchService(b, map[string]string{"edge.yaml": benchYAML})
 	wireBench(b, svc, benchRequests(1024), rlsv3.RateLimitResponse_OK)

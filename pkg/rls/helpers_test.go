@@ -121,7 +121,8 @@ func loadConfig(t testing.TB, files map[string]string) *descriptors.Config {
 }
 
 // newEnv starts a server for the YAML files with opts (Config, Limiter,
-// Observer and Logger are filled in) and extra server options.
+// Observer and Logger are filled in) and extra server options. The server
+// uses the Codec, as serve's does.
 func newEnv(t *testing.T, files map[string]string, opts Options, sopts ...grpc.ServerOption) *env {
 	t.Helper()
 	e := &env{t: t, clock: &clock{}, obs: &recorder{}, logs: &syncBuffer{}}
@@ -141,7 +142,11 @@ func newEnv(t *testing.T, files map[string]string, opts Options, sopts ...grpc.S
 		t.Fatal(err)
 	}
 	e.svc = svc
-	srv := grpc.NewServer(sopts...)
+	codec, err := NewCodec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(append([]grpc.ServerOption{grpc.ForceServerCodecV2(codec)}, sopts...)...)
 	svc.Register(srv)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
