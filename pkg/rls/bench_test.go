@@ -136,18 +136,28 @@ func BenchmarkShouldRateLimitParallel(b *testing.B) {
 	})
 }
 
-// wireBench drives the registered handler (shouldRateLimitHandler) as the
-// gRPC server does, minus the transport: it decodes each request from its
-// wire bytes into a lenientRequest, answers it, and encodes the response,
-// with the server's Codec ("codec=rls") and with gRPC's proto codec, which
-// a server without grpc.ForceServerCodecV2 uses ("codec=grpc"). want is
-// every response's overall code.
-func wireBench(b *testing.B, svc *Service, reqs []*rlsv3.RateLimitRequest, want rlsv3.RateLimitResponse_Code) {
+type namedCodec struct {
+	name  string
+	codec encoding.CodecV2
+}
+
+// benchCodecs are the server's Codec and gRPC's proto codec, which a
+// server without grpc.ForceServerCodecV2 uses.
+func benchCodecs(b *testing.B) []namedCodec {
 	b.Helper()
-	rlsCodec, err := NewCodec()
+	c, err := NewCodec()
 	if err != nil {
 		b.Fatal(err)
 	}
+	return []namedCodec{{"codec=rls", c}, {"codec=grpc", encoding.GetCodecV2(grpcproto.Name)}}
+}
+
+// wireBench drives the registered handler (shouldRateLimitHandler) as the
+// gRPC server does, minus the transport: it decodes each request from its
+// wire bytes into a lenientRequest, answers it, and encodes the response,
+// with each of benchCodecs. want is every response's overall code.
+func wireBench(b *testing.B, svc *Service, reqs []*rlsv3.RateLimitRequest, want rlsv3.RateLimitResponse_Code) {
+	b.Helper()
 	wire := make([]mem.BufferSlice, len(reqs))
 	for i, req := range reqs {
 		raw, err := proto.Marshal(req)
@@ -156,10 +166,7 @@ func wireBench(b *testing.B, svc *Service, reqs []*rlsv3.RateLimitRequest, want 
 		}
 		wire[i] = mem.BufferSlice{mem.SliceBuffer(raw)}
 	}
-	for _, c := range []struct {
-		name  string
-		codec encoding.CodecV2
-	}{{"codec=rls", rlsCodec}, {"codec=grpc", encoding.GetCodecV2(grpcproto.Name)}} {
+	for _, c := range benchCodecs(b) {
 		b.Run(c.name, func(b *testing.B) {
 			codec := c.codec
 			ctx := context.Background()
@@ -236,6 +243,31 @@ func BenchmarkDecodeRequest(b *testing.B) {
 					b.Fatal("not decoded")
 				}
 				i++
+			}
+		})
+	}
+}
+
+// BenchmarkEncodeResponse compares the Codec's encoding of a response (the
+// one BenchmarkWireShouldRateLimit's first request gets) with gRPC's proto
+// codec's. With the vtprotobuf tag the Codec uses the generated encoder:
+//
+//	go test -tags vtprotobuf -run '^$' -bench EncodeResponse -benchmem ./pkg/rls
+func BenchmarkEncodeResponse(b *testing.B) {
+	svc := benchService(b, map[string]string{"edge.yaml": benchYAML})
+	resp, err := svc.ShouldRateLimit(context.Background(), benchRequests(1)[0])
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, c := range benchCodecs(b) {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				enc, err := c.codec.Marshal(resp)
+				if err != nil {
+					b.Fatal(err)
+				}
+				enc.Free()
 			}
 		})
 	}
