@@ -162,6 +162,16 @@ func checkLimited(t *testing.T, r reply, rule string, limit int) problem {
 	return p
 }
 
+// TestBinaryHasVTProtobuf checks that the envoy-rls these tests run (built
+// by envoyRLSBinary, or $ENVOY_RLS_BIN) encodes its responses with
+// go-control-plane's vtprotobuf code, as it says at start.
+func TestBinaryHasVTProtobuf(t *testing.T) {
+	r := startRLS(t, rlsOptions{})
+	if log := r.Log(); !strings.Contains(log, "msg=\"envoy-rls serving\"") || !strings.Contains(log, "vtprotobuf=true") {
+		t.Errorf("envoy-rls did not start with vtprotobuf=true; build it with -tags vtprotobuf. Its log:\n%s", log)
+	}
+}
+
 func TestPerIPLimitThroughEnvoy(t *testing.T) {
 	s := startStack(t, rlsOptions{})
 	for i := 1; i <= perIP; i++ {

@@ -228,7 +228,7 @@ http_ok() ( # http_ok PORT PATH: the status line says 200
 # --- build -------------------------------------------------------------------
 mkdir -p "$BIN"
 log "building rls-bench"
-go build -o "$BIN/rls-bench" ./cmd/rls-bench
+go build -tags vtprotobuf -o "$BIN/rls-bench" ./cmd/rls-bench
 if [ "$needs_rls" = 1 ]; then
 	log "building envoy-rls"
 	go build -tags vtprotobuf -o "$BIN/envoy-rls" ./cmd/envoy-rls ||

@@ -274,15 +274,11 @@ func serve(ctx context.Context, o serveOptions, log *slog.Logger, hup <-chan os.
 	}
 	dbg.setService(svc)
 
-	codec, err := rls.NewCodec()
-	if err != nil {
-		return err
-	}
 	s := &server{log: log, watcher: watcher, store: st, reg: reg, health: newHealthService(), dbg: dbg}
 	grpcOpts := []grpc.ServerOption{
 		// Decodes requests and encodes responses without the protobuf
 		// runtime's reflection (see rls.Codec).
-		grpc.ForceServerCodecV2(codec),
+		grpc.ForceServerCodecV2(rls.NewCodec()),
 		// Envoy keeps few long-lived HTTP/2 connections and multiplexes
 		// many small unary calls on them.
 		grpc.MaxConcurrentStreams(1 << 16),
@@ -353,6 +349,10 @@ func (s *server) run(ctx context.Context, o serveOptions, hup <-chan os.Signal, 
 			}
 		}()
 	}
+	// Logged before the servers start, so that it is in the log once
+	// /readyz answers (the listeners already queue connections).
+	s.log.Info("envoy-rls serving", "grpc", addrs.GRPC, "http", addrs.HTTP, "debug", addrs.Debug, "store", s.store.name,
+		"vtprotobuf", rls.VTProto())
 	goRun("grpc server", func() error { return s.grpc.Serve(gl) })
 	goRun("http server", func() error { return ignoreClosed(s.http.Serve(hl)) })
 	if dl != nil {
@@ -373,8 +373,6 @@ func (s *server) run(ctx context.Context, o serveOptions, hup <-chan os.Signal, 
 		}
 	}()
 
-	s.log.Info("envoy-rls serving", "grpc", addrs.GRPC, "http", addrs.HTTP, "debug", addrs.Debug, "store", s.store.name,
-		"vtprotobuf", rls.VTProto())
 	if ready != nil {
 		ready(addrs)
 	}

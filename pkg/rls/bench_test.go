@@ -143,13 +143,8 @@ type namedCodec struct {
 
 // benchCodecs are the server's Codec and gRPC's proto codec, which a
 // server without grpc.ForceServerCodecV2 uses.
-func benchCodecs(b *testing.B) []namedCodec {
-	b.Helper()
-	c, err := NewCodec()
-	if err != nil {
-		b.Fatal(err)
-	}
-	return []namedCodec{{"codec=rls", c}, {"codec=grpc", encoding.GetCodecV2(grpcproto.Name)}}
+func benchCodecs() []namedCodec {
+	return []namedCodec{{"codec=rls", NewCodec()}, {"codec=grpc", encoding.GetCodecV2(grpcproto.Name)}}
 }
 
 // wireBench drives the registered handler (shouldRateLimitHandler) as the
@@ -166,7 +161,7 @@ func wireBench(b *testing.B, svc *Service, reqs []*rlsv3.RateLimitRequest, want 
 		}
 		wire[i] = mem.BufferSlice{mem.SliceBuffer(raw)}
 	}
-	for _, c := range benchCodecs(b) {
+	for _, c := range benchCodecs() {
 		b.Run(c.name, func(b *testing.B) {
 			codec := c.codec
 			ctx := context.Background()
@@ -259,7 +254,7 @@ func BenchmarkEncodeResponse(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, c := range benchCodecs(b) {
+	for _, c := range benchCodecs() {
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {

@@ -3,6 +3,8 @@ package rls
 import (
 	"bytes"
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +12,8 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding"
+	grpcproto "google.golang.org/grpc/encoding/proto"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
@@ -28,15 +32,6 @@ func TestCodecHasVTProto(t *testing.T) {
 		t.Fatal("built without go-control-plane's vtprotobuf encoders: " +
 			"run the tests with `make test`, or `go test -tags vtprotobuf`")
 	}
-}
-
-func newCodec(t *testing.T) *Codec {
-	t.Helper()
-	c, err := NewCodec()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
 }
 
 // everyField is a response with every field of RateLimitResponse and of the
@@ -142,7 +137,7 @@ func codecResponses(t *testing.T) map[string]*rlsv3.RateLimitResponse {
 // its bytes differ, since the Go runtime writes the one oneof (a quota's
 // valid_until) after the fields numbered above it, and vtprotobuf in order.
 func TestCodecWritesWhatProtoWrites(t *testing.T) {
-	codec := newCodec(t)
+	codec := NewCodec()
 	for name, resp := range codecResponses(t) {
 		enc, err := codec.Marshal(resp)
 		if err != nil {
@@ -180,7 +175,7 @@ func TestCodecWritesWhatProtoWrites(t *testing.T) {
 // an invalid one becomes lenientRequest's InvalidArgument, and other
 // messages go to gRPC's codec.
 func TestCodecDecodesRequests(t *testing.T) {
-	codec := newCodec(t)
+	codec := NewCodec()
 	withHits := desc("user", "u")
 	withHits.HitsAddend = wrapperspb.UInt64(3)
 	for _, req := range []*rlsv3.RateLimitRequest{
@@ -219,6 +214,19 @@ func TestCodecDecodesRequests(t *testing.T) {
 	if status.Code(in.err) != codes.InvalidArgument {
 		t.Errorf("invalid UTF-8 decoded with error %v, want InvalidArgument", in.err)
 	}
+	// Decoding again into the same message forgets the first request, as
+	// proto.Unmarshal does.
+	good := request("test", desc("user", "v"))
+	raw, err := proto.Marshal(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(raw)}, &in); err != nil {
+		t.Fatal(err)
+	}
+	if in.err != nil || !proto.Equal(&in.req, good) {
+		t.Errorf("second decode: %v (error %v), want %v", &in.req, in.err, good)
+	}
 
 	hc := &healthpb.HealthCheckRequest{Service: "envoy.service.ratelimit.v3.RateLimitService"}
 	enc, err := codec.Marshal(hc)
@@ -232,5 +240,105 @@ func TestCodecDecodesRequests(t *testing.T) {
 	}
 	if !proto.Equal(&got, hc) {
 		t.Errorf("health request round trip: %v, want %v", &got, hc)
+	}
+}
+
+// recordingCodec is gRPC's codec, counting the calls that reach it.
+type recordingCodec struct {
+	encoding.CodecV2
+	calls int
+}
+
+func (r *recordingCodec) Marshal(v any) (mem.BufferSlice, error) {
+	r.calls++
+	return r.CodecV2.Marshal(v)
+}
+
+func (r *recordingCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	r.calls++
+	return r.CodecV2.Unmarshal(data, v)
+}
+
+// TestCodecTakesItsOwnPaths checks that a ShouldRateLimit request and a
+// response with vtprotobuf encoders never reach gRPC's codec, and that a
+// health check does.
+func TestCodecTakesItsOwnPaths(t *testing.T) {
+	std := &recordingCodec{CodecV2: encoding.GetCodecV2(grpcproto.Name)}
+	codec := NewCodec()
+	codec.std = std
+	raw, err := proto.Marshal(request("test", desc("user", "u")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var in lenientRequest
+	if err := codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(raw)}, &in); err != nil {
+		t.Fatal(err)
+	}
+	enc, err := codec.Marshal(everyField())
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc.Free()
+	want := 0 // the request never reaches it, nor the response
+	if !VTProto() {
+		want = 1 // but in a build without the tag
+	}
+	if std.calls != want {
+		t.Errorf("a request and a response made %d calls to gRPC's codec, want %d", std.calls, want)
+	}
+	enc, err = codec.Marshal(&healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc.Free()
+	if std.calls == 0 {
+		t.Error("a health check request did not go to gRPC's codec")
+	}
+}
+
+// shortWriter is a vtMarshaler that reports size bytes and writes wrote,
+// or fails.
+type shortWriter struct {
+	size, wrote int
+	err         error
+}
+
+func (w shortWriter) SizeVT() int { return w.size }
+
+func (w shortWriter) MarshalToSizedBufferVTStrict(dst []byte) (int, error) {
+	if w.err != nil {
+		return 0, w.err
+	}
+	copy(dst[len(dst)-w.wrote:], bytes.Repeat([]byte{1}, w.wrote))
+	return w.wrote, nil
+}
+
+// TestCodecRefusesShortWrites checks that Marshal refuses an encoder that
+// writes fewer bytes than it announced (its buffer is not cleared, so the
+// rest would be stale bytes on the wire) and wraps an encoder's error.
+func TestCodecRefusesShortWrites(t *testing.T) {
+	codec := NewCodec()
+	boom := errors.New("boom")
+	for _, w := range []shortWriter{{size: 10, wrote: 8}, {size: 3 * outCap, wrote: 1}, {size: 10, err: boom}} {
+		enc, err := codec.Marshal(w)
+		if err == nil {
+			enc.Free()
+			t.Errorf("%+v: no error", w)
+			continue
+		}
+		if w.err != nil && !errors.Is(err, w.err) {
+			t.Errorf("%+v: error %v does not wrap %v", w, err, w.err)
+		}
+		if !strings.Contains(err.Error(), "rls: encoding rls.shortWriter") {
+			t.Errorf("%+v: error %q does not name what it encoded", w, err)
+		}
+	}
+	enc, err := codec.Marshal(shortWriter{size: 10, wrote: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer enc.Free()
+	if got := enc.Materialize(); !bytes.Equal(got, bytes.Repeat([]byte{1}, 10)) {
+		t.Errorf("wrote %x", got)
 	}
 }

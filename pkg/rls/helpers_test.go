@@ -142,11 +142,7 @@ func newEnv(t *testing.T, files map[string]string, opts Options, sopts ...grpc.S
 		t.Fatal(err)
 	}
 	e.svc = svc
-	codec, err := NewCodec()
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer(append([]grpc.ServerOption{grpc.ForceServerCodecV2(codec)}, sopts...)...)
+	srv := grpc.NewServer(append([]grpc.ServerOption{grpc.ForceServerCodecV2(NewCodec())}, sopts...)...)
 	svc.Register(srv)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

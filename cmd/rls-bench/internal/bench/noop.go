@@ -12,6 +12,8 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
+
+	"github.com/envoy-rls/envoy-rls/pkg/rls"
 )
 
 // NoopServer is a RateLimitService v3 server that does no work: it answers
@@ -45,7 +47,13 @@ func StartNoop(addr string) (*NoopServer, error) {
 	// A fixed connection window, as envoy-rls keeps by default
 	// (--grpc.conn-window): without it grpc-go sends a BDP PING on most
 	// requests, and the ceiling would pay a cost envoy-rls does not.
-	s := &NoopServer{srv: grpc.NewServer(grpc.StaticConnWindowSize(noopConnWindow)), lis: lis, done: make(chan struct{})}
+	// envoy-rls's codec, for the same reason: built with -tags vtprotobuf
+	// (as make bench builds it), it encodes the responses without
+	// reflection, as envoy-rls does. The requests are decoded by gRPC's
+	// codec, about 0.35 µs more per request of three descriptors than
+	// envoy-rls's decoder.
+	srv := grpc.NewServer(grpc.StaticConnWindowSize(noopConnWindow), grpc.ForceServerCodecV2(rls.NewCodec()))
+	s := &NoopServer{srv: srv, lis: lis, done: make(chan struct{})}
 	rlsv3.RegisterRateLimitServiceServer(s.srv, noopService{})
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
