@@ -166,26 +166,26 @@ func LoadFiles(paths []string, opts Options) (*Config, error) {
 const maxReads = 5
 
 // readDir reads the configuration files of dir, sorted by name, as one
-// generation: it reads the folder again until two reads in a row agree (at
-// most maxReads), so that an update between the reads of two files (a rule
-// moved from one file to another with --config.merge-domains) never yields
-// a configuration made of two generations, possibly without the rule it
-// moved. A Kubernetes ConfigMap volume is read whole by each read (see
-// readDirOnce); two reads that agree can still both be a mix of two edits
-// of a plain folder that alternate between the same contents.
+// generation. A Kubernetes ConfigMap volume is read whole by one read (see
+// readDirOnce). A plain folder is read again until two reads in a row agree
+// (at most maxReads), so that an update between the reads of two files (a
+// rule moved from one file to another with --config.merge-domains, a file
+// rewritten in place) is not loaded half done; two reads that agree can
+// still both be a mix of two edits that alternate between the same
+// contents.
 func readDir(dir string) ([]srcFile, error) {
-	prev, err := readDirOnce(dir)
-	if err != nil {
-		return nil, err
+	files, whole, err := readDirOnce(dir)
+	if err != nil || whole {
+		return files, err
 	}
-	return settle(dir, prev)
+	return settle(dir, files)
 }
 
-// settle is readDir after its first read, prev: it reads dir until a read
-// agrees with the one before.
+// settle is readDir after a first read, prev, that was not one whole
+// generation: it reads dir until a read agrees with the one before.
 func settle(dir string, prev []srcFile) ([]srcFile, error) {
 	for range maxReads - 1 {
-		files, err := readDirOnce(dir)
+		files, _, err := readDirOnce(dir)
 		if err != nil {
 			return nil, err
 		}
@@ -207,19 +207,26 @@ func settle(dir string, prev []srcFile) ([]srcFile, error) {
 // from the next. So readDirOnce resolves ..data first and takes the
 // ConfigMap's files from that folder's own listing: one generation whole.
 // Only the other entries of dir (plain files, other links) are read from
-// dir. If the kubelet removed the generation's folder meanwhile, it reads
-// again from the new one. The files keep their names in dir in parse
-// errors and digests; an I/O error names the path it failed on.
-func readDirOnce(dir string) ([]srcFile, error) {
+// dir. The kubelet removes a generation's folder as soon as ..data links to
+// the next one, so a read during which ..data moved on may have listed or
+// read that folder half removed (without error): it is made again, from
+// the new generation. A read that ends with ..data still on its folder read
+// it whole, since a generation never comes back. The files keep their
+// names in dir in parse errors and digests; an I/O error names the path it
+// failed on.
+//
+// whole reports that every file came from the ConfigMap's generation, which
+// no later read needs to confirm.
+func readDirOnce(dir string) (files []srcFile, whole bool, err error) {
 	for range maxReads - 1 {
 		gen := dataFolder(dir)
-		files, err := readDirFrom(dir, gen)
-		if gen != "" && errors.Is(err, fs.ErrNotExist) && dataFolder(dir) != gen {
-			continue // ..data moved on, and its old folder went
+		files, own, err := readDirFrom(dir, gen)
+		if gen != "" && dataFolder(dir) != gen {
+			continue // ..data moved on during the read
 		}
-		return files, err
+		return files, gen != "" && own == 0, err
 	}
-	return nil, fmt.Errorf("descriptors: the ConfigMap in %s changed during each of %d reads in a row; it is read again at the next check", dir, maxReads-1)
+	return nil, false, fmt.Errorf("descriptors: the ConfigMap in %s changed during each of %d reads in a row; it is read again at the next check", dir, maxReads-1)
 }
 
 // dataFolder returns the folder dir/..data links to, or "" when it is no
@@ -236,15 +243,16 @@ func dataFolder(dir string) string {
 }
 
 // readDirFrom is one read of readDirOnce, with the ConfigMap's files taken
-// from the folder gen ("" when dir is no ConfigMap volume).
-func readDirFrom(dir, gen string) ([]srcFile, error) {
+// from the folder gen ("" when dir is no ConfigMap volume); own counts the
+// files read from dir itself.
+func readDirFrom(dir, gen string) (files []srcFile, own int, err error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, fmt.Errorf("descriptors: read config folder: %w", err)
+		return nil, 0, fmt.Errorf("descriptors: read config folder: %w", err)
 	}
 	type source struct{ name, from string }
 	var sources []source
-	own := map[string]bool{} // names in dir that are not the ConfigMap's links
+	inDir := map[string]bool{} // names in dir that are not the ConfigMap's links
 	for _, e := range entries {
 		path := filepath.Join(dir, e.Name())
 		if gen != "" && e.Type()&fs.ModeSymlink != 0 {
@@ -253,22 +261,21 @@ func readDirFrom(dir, gen string) ([]srcFile, error) {
 				continue // the ConfigMap's (or a link it just dropped): from gen's listing below
 			}
 		}
-		own[e.Name()] = true
+		inDir[e.Name()] = true
 		sources = append(sources, source{e.Name(), path})
 	}
 	if gen != "" {
 		gens, err := os.ReadDir(gen)
 		if err != nil {
-			return nil, fmt.Errorf("descriptors: read config folder: %w", err)
+			return nil, 0, fmt.Errorf("descriptors: read config folder: %w", err)
 		}
 		for _, e := range gens {
-			if !own[e.Name()] {
+			if !inDir[e.Name()] {
 				sources = append(sources, source{e.Name(), filepath.Join(gen, e.Name())})
 			}
 		}
 		slices.SortFunc(sources, func(a, b source) int { return strings.Compare(a.name, b.name) })
 	}
-	var files []srcFile
 	for _, src := range sources {
 		if strings.HasPrefix(src.name, ".") {
 			continue
@@ -278,21 +285,24 @@ func readDirFrom(dir, gen string) ([]srcFile, error) {
 		}
 		fi, err := os.Stat(src.from) // follows symlinks
 		if err != nil {
-			return nil, fmt.Errorf("descriptors: %w", err)
+			return nil, 0, fmt.Errorf("descriptors: %w", err)
 		}
 		if !fi.Mode().IsRegular() {
 			continue
 		}
 		data, err := os.ReadFile(src.from)
 		if err != nil {
-			return nil, fmt.Errorf("descriptors: %w", err)
+			return nil, 0, fmt.Errorf("descriptors: %w", err)
 		}
 		files = append(files, srcFile{name: filepath.Join(dir, src.name), data: data})
+		if inDir[src.name] {
+			own++
+		}
 	}
 	if len(files) == 0 {
-		return nil, fmt.Errorf("descriptors: no configuration files (*.yaml, *.yml) in %s", dir)
+		return nil, 0, fmt.Errorf("descriptors: no configuration files (*.yaml, *.yml) in %s", dir)
 	}
-	return files, nil
+	return files, own, nil
 }
 
 // digest is the hex SHA-256 of the names and contents of files.

@@ -189,10 +189,11 @@ func (w *Watcher) check(trigger Trigger) ReloadEvent {
 	defer w.mu.Unlock()
 	ev := ReloadEvent{Trigger: trigger}
 	cur := w.cur.Load()
-	// One read that matches a generation read before is that generation
-	// whole; any other read is confirmed by reading again (settle), so that
-	// an update between two files' reads never loads as a mix.
-	files, err := readDirOnce(w.opts.Dir)
+	// One read that is a ConfigMap's generation whole, or that matches a
+	// generation read before, needs no confirming; any other read is
+	// confirmed by reading again (settle), so that an update between two
+	// files' reads never loads as a mix.
+	files, whole, err := readDirOnce(w.opts.Dir)
 	var sum string
 	// Whether the files read are the running configuration's, or (on a
 	// poll) the ones the last check read.
@@ -200,7 +201,7 @@ func (w *Watcher) check(trigger Trigger) ReloadEvent {
 	checked := func() bool { return trigger == TriggerPoll && sum == w.lastDigest }
 	if err == nil {
 		sum = digest(files)
-		if !running() && !checked() {
+		if !whole && !running() && !checked() {
 			if files, err = settle(w.opts.Dir, files); err == nil {
 				sum = digest(files)
 			}
