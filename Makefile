@@ -17,9 +17,11 @@ TEST_TIMEOUT ?= 20m
 PKG ?= ./...
 # Time per fuzz target for `make fuzz`.
 FUZZTIME ?= 10s
-# Build tags of every build and test: vtprotobuf compiles go-control-plane's
-# generated encoders, which the gRPC codec uses for responses (rls.Codec).
-# Without it the service behaves the same, only slower.
+# Build tags of test, vet, build and run (make bench builds with them too):
+# vtprotobuf compiles go-control-plane's generated encoders, which the gRPC
+# codec uses for responses (rls.Codec). Without it the service behaves the
+# same, only slower. make fuzz and scripts/callgrind-check.sh need no tag:
+# they exercise no response encoding.
 GOTAGS ?= vtprotobuf
 # Extra arguments for `make run`, e.g. make run ARGS='--redis.url redis://127.0.0.1:6379'.
 ARGS ?=

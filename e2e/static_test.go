@@ -309,8 +309,8 @@ func TestBrokenComposeFilesFail(t *testing.T) {
 	}
 }
 
-// TestBuildsUseVTProtobuf checks that every recipe that builds or tests
-// envoy-rls passes the vtprotobuf build tag, without which the server's
+// TestBuildsUseVTProtobuf checks that the recipes that build, vet, test or
+// run envoy-rls pass the vtprotobuf build tag, without which the server's
 // gRPC codec encodes responses by reflection (rls.Codec): the Dockerfile's
 // and make bench's builds (rls-bench's do-nothing server uses the codec
 // too), and every go command of the Makefile. The

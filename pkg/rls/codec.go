@@ -43,9 +43,8 @@ type vtMarshaler interface {
 // Without the tag it encodes as gRPC's codec does, byte for byte: the
 // service behaves the same either way, only slower. VTProto reports which.
 type Codec struct {
-	std  encoding.CodecV2
-	pool mem.BufferPool // gRPC's, for the requests
-	out  *outPool       // for the responses
+	std encoding.CodecV2
+	out *outPool // for the responses; its large pool, gRPC's, for the requests
 }
 
 // outCap is the capacity of outPool's buffers: above gRPC's pooling
@@ -87,12 +86,10 @@ func (p *outPool) Put(b *[]byte) {
 
 // NewCodec returns the Codec.
 func NewCodec() *Codec {
-	pool := mem.DefaultBufferPool()
 	return &Codec{
 		// Registered by the init of grpcproto, which this file imports.
-		std:  encoding.GetCodecV2(grpcproto.Name),
-		pool: pool,
-		out:  &outPool{large: pool},
+		std: encoding.GetCodecV2(grpcproto.Name),
+		out: &outPool{large: mem.DefaultBufferPool()},
 	}
 }
 
@@ -138,7 +135,7 @@ func (c *Codec) Unmarshal(data mem.BufferSlice, v any) error {
 		return c.std.Unmarshal(data, v)
 	}
 	r.Reset() // as proto.Unmarshal resets what it decodes into
-	buf := data.MaterializeToBuffer(c.pool)
+	buf := data.MaterializeToBuffer(c.out.large)
 	defer buf.Free()
 	// Unmarshal keeps no reference to the bytes: decodeRequest and
 	// proto.Unmarshal copy what they keep.
