@@ -401,3 +401,39 @@ func TestSlidingLogForeignMiddleMember(t *testing.T) {
 		})
 	}
 }
+
+// TestSlidingLogCommandsPerAdmission counts what an admission costs Redis:
+// on a fresh key one ZADD and one PEXPIRE, nothing to trim; on a live log
+// also one ZREMRANGEBYSCORE; on a log whose batches all left, one DEL of the
+// dead members instead.
+func TestSlidingLogCommandsPerAdmission(t *testing.T) {
+	r := testenv.RedisServer(t)
+	clock := limitertest.NewClock(time.UnixMilli(1_767_225_600_000))
+	b := newSingle(t, r, DefaultKeyPrefix, clock.Now)
+	lim := limiter.Limit{Algorithm: limiter.SlidingLog, Requests: 100, Window: time.Minute}
+	const n = 20
+	res := make([]limiter.Result, 1)
+	round := func(name string, want map[string]int64) {
+		t.Helper()
+		if err := r.Client().ConfigResetStat(context.Background()).Err(); err != nil {
+			t.Fatal(err)
+		}
+		for i := range n {
+			req := []limiter.Request{{Key: key("cmds", strconv.Itoa(i)), Limit: lim, Hits: 1}}
+			if err := b.Check(context.Background(), req, res); err != nil || !res[0].Allowed {
+				t.Fatalf("%s: Check %d: %+v, %v; want admitted", name, i, res[0], err)
+			}
+		}
+		stats := r.CommandCalls(t)
+		for _, cmd := range []string{"zadd", "pexpire", "zremrangebyscore", "del"} {
+			if stats[cmd] != want[cmd] {
+				t.Errorf("%s: %d %s for %d admissions, want %d", name, stats[cmd], cmd, n, want[cmd])
+			}
+		}
+	}
+	round("fresh keys", map[string]int64{"zadd": n, "pexpire": n})
+	clock.Advance(time.Second)
+	round("live logs", map[string]int64{"zadd": n, "pexpire": n, "zremrangebyscore": n})
+	clock.Advance(time.Minute)
+	round("logs that all left", map[string]int64{"zadd": n, "pexpire": n, "del": n})
+}

@@ -247,14 +247,17 @@ end
 
 function sliding_log.store(key, w, s, o, now)
   local base = s.last
-  if s.foreign then
-    rcall('DEL', key)
+  if s.foreign or s.n == 0 then
+    -- A foreign value is replaced. With no live hit every batch has left
+    -- (the newest is past the window): the total starts again, and a key
+    -- that exists holds only dead members; a fresh key needs no call.
+    if s.foreign or s.tlast then
+      rcall('DEL', key)
+    end
     base = 0
   else
     rcall('ZREMRANGEBYSCORE', key, '-inf', fmt_int(now - w))
-    if s.n == 0 then
-      base = 0 -- every batch has left: the total starts again
-    elseif base + s.added >= sl_total_max then
+    if base + s.added >= sl_total_max then
       -- Renumber the live batches from 0. Should one of them not be
       -- envoy-rls's, the log is replaced as a foreign one is.
       if sl_rewrite(key, 0, 0, s.start0, 0) then
