@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -28,6 +27,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/envoy-rls/envoy-rls/internal/gcpercent"
 	"github.com/envoy-rls/envoy-rls/pkg/descriptors"
 	"github.com/envoy-rls/envoy-rls/pkg/metrics"
 	"github.com/envoy-rls/envoy-rls/pkg/rls"
@@ -72,7 +72,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.logFormat, "log.format", "text", "log format: text or json")
 	fs.Float64Var(&o.nearLimit, "metrics.near-limit-ratio", 0.8, "used fraction of a limit from which an admitted request counts in envoy_rls_near_limit_total (0 disables it)")
 	fs.DurationVar(&o.drainTimeout, "shutdown.drain-timeout", 10*time.Second, "how long a graceful stop waits for in-flight requests")
-	fs.IntVar(&o.gcPercent, "runtime.gc-percent", defaultGCPercent, "the Go garbage collector's GOGC: heap growth, in percent of the live heap, that starts a collection (1 or more); when the GOGC variable is set and this flag is not given, GOGC applies")
+	fs.IntVar(&o.gcPercent, gcFlag, gcpercent.Default, "the Go garbage collector's GOGC: heap growth, in percent of the live heap, that starts a collection (1 or more); when the GOGC variable is set and this flag is not given, GOGC applies")
 	o.store.register(fs)
 	o.debug.register(fs)
 	fs.Usage = usageWithEnv(fs, "envoy-rls [serve] [flags]")
@@ -93,7 +93,7 @@ func parseServeFlags(args []string, stderr io.Writer, lookupEnv func(string) (st
 	}
 	var redisGiven []string
 	fs.Visit(func(f *flag.Flag) {
-		o.gcPercentGiven = o.gcPercentGiven || f.Name == "runtime.gc-percent"
+		o.gcPercentGiven = o.gcPercentGiven || f.Name == gcFlag
 		if strings.HasPrefix(f.Name, "redis.") {
 			redisGiven = append(redisGiven, "--"+f.Name)
 		}
@@ -145,10 +145,11 @@ func (o serveOptions) checkRanges() error {
 		return usageError{msg: fmt.Sprintf("--metrics.near-limit-ratio %v: must be from 0 (off) to 1", o.nearLimit)}
 	case o.store.denyCacheEntries < 0:
 		return usageError{msg: fmt.Sprintf("--deny-cache.max-entries %d: must be 0 (off) or more", o.store.denyCacheEntries)}
-	case o.gcPercent < 1:
-		return usageError{msg: fmt.Sprintf("--runtime.gc-percent %d: must be 1 or more (GOGC=off, with GOMEMLIMIT, is for the GOGC variable)", o.gcPercent)}
 	case o.store.fallbackInstances < 0:
 		return usageError{msg: fmt.Sprintf("--fallback.instances %d: must be 0 (learn) or more", o.store.fallbackInstances)}
+	}
+	if err := gcpercent.Check(gcFlag, o.gcPercent); err != nil {
+		return usageError{msg: err.Error()}
 	}
 	return nil
 }
@@ -161,24 +162,11 @@ func (o serveOptions) checkRanges() error {
 // client must answer (docs/performance.md, "What made the difference").
 const defaultConnWindow = 1 << 20
 
-// defaultGCPercent is --runtime.gc-percent's default. envoy-rls keeps a few
-// MB live and allocates on every request, so at Go's default GOGC of 100 it
-// collects dozens of times a second under load; at 400 it collected a sixth
-// as often, for about 10 MB more memory and 15–30% less CPU per request
-// (docs/performance.md, "The GC setting").
-const defaultGCPercent = 400
-
-// applyGCPercent sets the collector's GOGC through set (debug.SetGCPercent)
-// from --runtime.gc-percent, unless the GOGC variable is set and the flag
-// was not given: Go has applied GOGC at start and it is left alone. It
-// returns the GOGC in effect and where it came from, for the log.
-func applyGCPercent(o serveOptions, lookupEnv func(string) (string, bool), set func(int) int) (gogc, from string) {
-	if env, ok := lookupEnv("GOGC"); ok && !o.gcPercentGiven {
-		return env, "the GOGC variable"
-	}
-	set(o.gcPercent)
-	return strconv.Itoa(o.gcPercent), "--runtime.gc-percent"
-}
+// gcFlag sets the garbage collector's GOGC (internal/gcpercent; 400 by
+// default: docs/performance.md, "The GC setting"). When the GOGC variable is
+// set and the flag is not given (on the command line or in its ENVOY_RLS_
+// variable), GOGC applies.
+const gcFlag = "runtime.gc-percent"
 
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	var lv slog.Level
@@ -204,7 +192,7 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, lookupEnv f
 	if err != nil {
 		return usageError{msg: err.Error()}
 	}
-	gogc, from := applyGCPercent(o, lookupEnv, debug.SetGCPercent)
+	gogc, from := gcpercent.Apply(gcFlag, o.gcPercent, o.gcPercentGiven, lookupEnv, debug.SetGCPercent)
 	log.Info("garbage collector", "gogc", gogc, "from", from)
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)

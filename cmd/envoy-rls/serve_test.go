@@ -20,6 +20,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/envoy-rls/envoy-rls/internal/gcpercent"
 )
 
 // running is a serve() started by a test.
@@ -271,7 +273,7 @@ func TestGCPercent(t *testing.T) {
 		wantSet  int // 0: not set
 		wantGOGC string
 	}{
-		{name: "default", wantSet: defaultGCPercent, wantGOGC: strconv.Itoa(defaultGCPercent)},
+		{name: "default", wantSet: gcpercent.Default, wantGOGC: strconv.Itoa(gcpercent.Default)},
 		{name: "flag", args: []string{"--runtime.gc-percent", "250"}, wantSet: 250, wantGOGC: "250"},
 		{name: "GOGC", env: map[string]string{"GOGC": "150"}, wantGOGC: "150"},
 		{name: "flag over GOGC", args: []string{"--runtime.gc-percent", "300"}, env: map[string]string{"GOGC": "150"}, wantSet: 300, wantGOGC: "300"},
@@ -285,7 +287,7 @@ func TestGCPercent(t *testing.T) {
 				t.Fatalf("parse: %v", err)
 			}
 			set := 0
-			gogc, from := applyGCPercent(o, lookup, func(p int) int { set = p; return 100 })
+			gogc, from := gcpercent.Apply(gcFlag, o.gcPercent, o.gcPercentGiven, lookup, func(p int) int { set = p; return 100 })
 			if set != tc.wantSet || gogc != tc.wantGOGC || from == "" {
 				t.Errorf("set %d, GOGC %q from %q; want set %d, GOGC %q", set, gogc, from, tc.wantSet, tc.wantGOGC)
 			}

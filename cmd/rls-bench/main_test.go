@@ -3,11 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/envoy-rls/envoy-rls/cmd/rls-bench/internal/bench"
+	"github.com/envoy-rls/envoy-rls/internal/gcpercent"
 )
 
 func TestSelfTestRequestsEndToEnd(t *testing.T) {
@@ -100,10 +103,71 @@ func TestParseLoad(t *testing.T) {
 		{"--addr", "h:1", "--server-histogram", "x_seconds"},
 		{"--addr", "h:1", "--server-metrics", "127.0.0.1:8080/metrics"},
 		{"--addr", "h:1", "--server-metrics", "http://127.0.0.1:8080/metrics", "--server-histogram", ""},
+		{"--addr", "h:1", "--gc-percent", "0"},
 	} {
 		if _, err := parseLoad(bad, &bytes.Buffer{}); err == nil {
 			t.Errorf("parseLoad(%q): no error", bad)
 		}
+	}
+}
+
+// TestGCPercentFlag: --gc-percent sets this process's GOGC, envoy-rls's
+// default when not given, for a load run and for serve-noop, unless the GOGC
+// variable is set and the flag is not given; a value below 1 is refused
+// with the flag's name.
+func TestGCPercentFlag(t *testing.T) {
+	orig := debug.SetGCPercent(100)
+	t.Cleanup(func() { debug.SetGCPercent(orig) })
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	load := func(extra ...string) (int, string) {
+		var out, errb bytes.Buffer
+		args := append([]string{"--self-test", "--requests", "20", "--warmup", "0", "--timeout", "1m"}, extra...)
+		return run(context.Background(), args, &out, &errb), errb.String()
+	}
+	noop := func(extra ...string) (int, string) {
+		var out, errb bytes.Buffer
+		// A cancelled context: serve-noop applies the flag, listens, and
+		// stops at once.
+		args := append([]string{"serve-noop", "--addr", "127.0.0.1:0"}, extra...)
+		return run(cancelled, args, &out, &errb), errb.String()
+	}
+	for _, cmd := range []struct {
+		name string
+		run  func(extra ...string) (int, string)
+	}{{"load", load}, {"serve-noop", noop}} {
+		t.Run(cmd.name, func(t *testing.T) {
+			for _, tc := range []struct {
+				args     []string
+				gogcVar  string // "": unset
+				want     int    // the GOGC in effect afterwards
+				wantSaid string
+			}{
+				{nil, "", gcpercent.Default, "GOGC 400 (from --gc-percent)"},
+				{[]string{"--gc-percent", "250"}, "", 250, "GOGC 250 (from --gc-percent)"},
+				{nil, "150", 123, "GOGC 150 (from the GOGC variable)"},
+				{[]string{"--gc-percent", "250"}, "150", 250, "GOGC 250 (from --gc-percent)"},
+			} {
+				t.Setenv("GOGC", tc.gogcVar) // restores the variable afterwards
+				if tc.gogcVar == "" {
+					os.Unsetenv("GOGC")
+				}
+				// A value the run cannot have set: whether it was left
+				// alone shows.
+				debug.SetGCPercent(123)
+				code, stderr := cmd.run(tc.args...)
+				if code != 0 {
+					t.Fatalf("%q: exit code %d\n%s", tc.args, code, stderr)
+				}
+				if got := debug.SetGCPercent(100); got != tc.want || !strings.Contains(stderr, tc.wantSaid) {
+					t.Errorf("%q with GOGC=%q: GOGC %d afterwards, want %d; stderr lacks %q:\n%s", tc.args, tc.gogcVar, got, tc.want, tc.wantSaid, stderr)
+				}
+			}
+			code, stderr := cmd.run("--gc-percent", "0")
+			if code != 2 || !strings.Contains(stderr, "--gc-percent 0: must be 1 or more") {
+				t.Errorf("--gc-percent 0: exit code %d, stderr:\n%s", code, stderr)
+			}
+		})
 	}
 }
 
