@@ -168,8 +168,6 @@ type pending struct {
 	limit       limiter.Limit // of the last consuming request (of the first request until then)
 	requests    int           // the batch's requests on it
 	stored, cur algorithm.State
-	expires     int64 // the stored entry's
-	reserved    bool  // stored is a copy algorithm.Reserve made
 	dirty       bool
 }
 
@@ -233,11 +231,14 @@ func (b *Backend) Check(ctx context.Context, reqs []limiter.Request, results []l
 	now := b.now().UnixMilli()
 	for j := range pend {
 		p := &pend[j]
-		if e, ok := b.shards[p.shard].m[p.id]; ok && e.expires > now {
-			p.expires = e.expires
-			// Room for the batch's appends in place (a sliding log), kept
-			// even if the batch is vetoed.
-			p.stored, p.reserved = algorithm.Reserve(p.limit, e.state, p.requests)
+		m := b.shards[p.shard].m
+		if e, ok := m[p.id]; ok && e.expires > now {
+			// Room for the batch's appends in place (a sliding log),
+			// stored at once so that it is kept if the batch is vetoed.
+			var copied bool
+			if p.stored, copied = algorithm.Reserve(p.limit, e.state, p.requests); copied {
+				m[p.id] = entry{expires: e.expires, state: p.stored}
+			}
 			p.cur = p.stored
 		}
 	}
@@ -264,12 +265,8 @@ func (b *Backend) Check(ctx context.Context, reqs []limiter.Request, results []l
 		}
 	}
 	for j := range pend {
-		switch p := &pend[j]; {
-		case ok && p.dirty:
+		if p := &pend[j]; ok && p.dirty {
 			b.shards[p.shard].m[p.id] = entry{expires: algorithm.ExpiresAt(p.limit, p.cur), state: p.cur}
-		case p.reserved:
-			// Nothing consumed, but keep the room Reserve made.
-			b.shards[p.shard].m[p.id] = entry{expires: p.expires, state: p.stored}
 		}
 	}
 	for k := len(locks) - 1; k >= 0; k-- {
