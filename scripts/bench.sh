@@ -6,7 +6,10 @@
 # `bench` domain, and a do-nothing RLS server in its own process
 # (`rls-bench serve-noop`), then runs:
 #
-#   do-nothing    the ceiling: what gRPC + loopback + the generator allow
+#   do-nothing    the ceiling: what gRPC + loopback + the generator allow,
+#                 with one descriptor per request and with the three of
+#                 "3 desc" (a descriptor costs the generator and the gRPC
+#                 stack too, whatever the server does with it)
 #   1 key         one descriptor, always the same key
 #   100k keys     one descriptor over 100,000 keys (remote_address)
 #   3 desc        three descriptors per request, one limit each: IP,
@@ -24,7 +27,7 @@
 #
 # each closed-loop scenario at every BENCH_CALLERS (default "16 64") callers.
 # The "ceiling" column is each run's rate as a fraction of the do-nothing
-# server's at the same number of callers.
+# server's at the same number of callers and descriptors per request.
 #
 # Server latency: on the envoy-rls rows rls-bench also scrapes envoy-rls's
 # envoy_rls_request_duration_seconds before and after each measured phase and
@@ -427,6 +430,8 @@ for round in $(seq 1 "$BENCH_REPEAT"); do
 		if want ceiling; then
 			bench "do-nothing" --addr "127.0.0.1:$NOOP_PORT" --is-ceiling --concurrency "$c" \
 				--descriptor 'remote_address=10.{i}' --cpu "rls=$NOOP_PID"
+			bench "do-nothing, 3 desc" --addr "127.0.0.1:$NOOP_PORT" --is-ceiling --concurrency "$c" \
+				"${THREE[@]}" --cardinality 100000 --cpu "rls=$NOOP_PID"
 		fi
 		if want one-key; then
 			rls "1 key" --domain bench --concurrency "$c" --descriptor 'remote_address=10.0.0.1'

@@ -32,13 +32,32 @@ import (
 func TestMakeBench(t *testing.T) {
 	var want []row
 	for _, c := range []int{2, 8} {
-		want = append(want, row{"do-nothing", c})
+		want = append(want, row{"do-nothing", c}, row{"do-nothing, 3 desc", c})
 		for _, l := range []string{"1 key", "100k keys", "3 desc, 100k", "3 desc fixed, 100k", "4 limits, 100k", "hot key (over)"} {
 			want = append(want, row{l, c})
 		}
 	}
 	want = append(want, row{"do-nothing, open", 64}, row{"open loop, 3 desc", 64})
-	runBench(t, want, "BENCH_CALLERS=2 8", "BENCH_RATE=1000")
+	_, rs := runBench(t, want, "BENCH_CALLERS=2 8", "BENCH_RATE=1000")
+
+	// Every closed-loop row is reported against the do-nothing server's
+	// run with as many descriptors per request and callers.
+	ceiling := map[[2]int]float64{}
+	for _, r := range rs {
+		if r.Ceiling {
+			ceiling[[2]int{r.Descriptors, r.Callers}] = r.RPS
+		}
+	}
+	bench.FillCeilings(rs)
+	for _, r := range rs {
+		if r.Ceiling || r.Mode != "closed" {
+			continue
+		}
+		if want := ceiling[[2]int{r.Descriptors, r.Callers}]; want == 0 || r.CeilingRPS != want {
+			t.Errorf("%q at %d callers (%d descriptors): ceiling %v, want the do-nothing run of as many descriptors (%v)",
+				r.Label, r.Callers, r.Descriptors, r.CeilingRPS, want)
+		}
+	}
 }
 
 // TestMakeBenchCluster: the same on a Redis Cluster of three masters that
@@ -46,7 +65,7 @@ func TestMakeBench(t *testing.T) {
 // µs/req" is then the masters' CPU added up.
 func TestMakeBenchCluster(t *testing.T) {
 	want := []row{{"1 key", 4}, {"3 desc, 100k", 4}, {"hot key (over)", 4}}
-	stdout := runBench(t, want, "BENCH_REDIS=cluster", "BENCH_SCENARIOS=one-key three-desc hot-key", "BENCH_CALLERS=4")
+	stdout, _ := runBench(t, want, "BENCH_REDIS=cluster", "BENCH_SCENARIOS=one-key three-desc hot-key", "BENCH_CALLERS=4")
 	if !strings.Contains(stdout, "Redis: cluster") {
 		t.Errorf("the table's header does not say Redis: cluster:\n%s", stdout)
 	}
@@ -65,7 +84,7 @@ func TestMakeBenchIncumbent(t *testing.T) {
 		want = append(want, row{l, 4}, row{incumbentPrefix + l, 4})
 	}
 	want = append(want, row{"3 desc fixed, 100k", 4}, row{"4 limits, 100k", 4})
-	stdout := runBench(t, want, "BENCH_INCUMBENT=1", "BENCH_CALLERS=4",
+	stdout, _ := runBench(t, want, "BENCH_INCUMBENT=1", "BENCH_CALLERS=4",
 		"BENCH_SCENARIOS=one-key three-desc three-desc-fixed four-limits hot-key")
 	if !strings.Contains(stdout, "envoyproxy/ratelimit v") {
 		t.Errorf("the table's header does not name the incumbent's version:\n%s", stdout)
@@ -83,8 +102,9 @@ type row struct {
 
 // runBench runs scripts/bench.sh with runs of 0.3 s, no warm-up, one round
 // and env, checks that it reported exactly the rows of want and checks each
-// (see TestMakeBench). It returns the script's standard output.
-func runBench(t *testing.T, want []row, env ...string) string {
+// (see TestMakeBench). It returns the script's standard output and the
+// results it wrote.
+func runBench(t *testing.T, want []row, env ...string) (string, []*bench.Result) {
 	t.Helper()
 	root, err := testenv.RepoRoot()
 	if err != nil {
@@ -187,5 +207,5 @@ func runBench(t *testing.T, want []row, env ...string) string {
 				server, ok, over, limit)
 		}
 	}
-	return stdout.String()
+	return stdout.String(), rs
 }

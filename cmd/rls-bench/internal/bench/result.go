@@ -131,14 +131,18 @@ func (r *Result) SetCeiling(ceilingRPS float64) {
 }
 
 // ceilingKey identifies "the same load" for matching a run with its ceiling
-// run: mode, callers and (open loop) rate.
+// run: mode, callers, (open loop) rate and descriptors per request. The
+// descriptors count because each costs the generator and the server's gRPC
+// stack: a run of three descriptors compared with a one-descriptor ceiling
+// would be charged for decoding the two others as if it were rate limiting.
 func ceilingKey(r *Result) string {
-	return fmt.Sprintf("%s/%d/%g", r.Mode, r.Callers, r.Rate)
+	return fmt.Sprintf("%s/%d/%g/%d", r.Mode, r.Callers, r.Rate, r.Descriptors)
 }
 
 // FillCeilings sets CeilingRPS/CeilingFraction of every non-ceiling result
-// that lacks them from the ceiling result with the same mode, callers and
-// rate (the last such, when there are several).
+// that lacks them from the ceiling result with the same mode, callers, rate
+// and descriptors per request (the last such, when there are several); a
+// result without one keeps none.
 func FillCeilings(rs []*Result) {
 	ceil := map[string]float64{}
 	for _, r := range rs {

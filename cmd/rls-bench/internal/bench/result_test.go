@@ -17,6 +17,11 @@ func TestResultsJSONRoundTripAndCeilings(t *testing.T) {
 			ErrorKinds: map[string]int64{"Unavailable": 1}, CPU: []CPUUse{{Name: "rls", MicrosPerReq: 51.25}}},
 		{Label: "one-key64", Mode: "closed", Callers: 64, RPS: 25000},
 		{Label: "open", Mode: "open", Callers: 16, Rate: 3000, RPS: 3000},
+		// Three descriptors per request: a ceiling of their own at 16
+		// callers, none at 64.
+		{Label: "ceiling3", Mode: "closed", Callers: 16, Descriptors: 3, RPS: 32000, Ceiling: true},
+		{Label: "three", Mode: "closed", Callers: 16, Descriptors: 3, RPS: 16000},
+		{Label: "three64", Mode: "closed", Callers: 64, Descriptors: 3, RPS: 20000},
 	}
 	var buf bytes.Buffer
 	if err := WriteJSON(&buf, in); err != nil {
@@ -37,6 +42,9 @@ func TestResultsJSONRoundTripAndCeilings(t *testing.T) {
 		var want float64
 		switch {
 		case r.Ceiling || r.Mode == "open": // no ceiling run for open loop at 3000/s
+		case r.Descriptors == 3 && r.Callers == 16:
+			want = in[5].RPS
+		case r.Descriptors == 3: // not the one-descriptor ceiling
 		case r.Callers == 16:
 			want = in[0].RPS
 		case r.Callers == 64:
