@@ -29,10 +29,11 @@ func Check(flag string, percent int) error {
 
 // Apply sets GOGC to percent through set (debug.SetGCPercent), unless the
 // GOGC variable is set and the flag was not given (given false): Go has
-// applied GOGC at start, and it is left alone. It returns the GOGC in effect
-// and where it came from, for the log.
+// applied GOGC at start, and it is left alone. An empty GOGC counts as
+// unset (Go ran at its default of 100, not at what the variable says). It
+// returns the GOGC in effect and where it came from, for the log.
 func Apply(flag string, percent int, given bool, lookupEnv func(string) (string, bool), set func(int) int) (gogc, from string) {
-	if env, ok := lookupEnv("GOGC"); ok && !given {
+	if env, ok := lookupEnv("GOGC"); ok && env != "" && !given {
 		return env, "the GOGC variable"
 	}
 	set(percent)

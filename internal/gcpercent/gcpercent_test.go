@@ -18,6 +18,7 @@ func TestApply(t *testing.T) {
 		{name: "default", percent: Default, wantSet: Default, wantGOGC: "400", wantFrom: "--gc"},
 		{name: "flag", percent: 250, given: true, wantSet: 250, wantGOGC: "250", wantFrom: "--gc"},
 		{name: "GOGC without the flag", percent: Default, env: map[string]string{"GOGC": "150"}, wantGOGC: "150", wantFrom: "the GOGC variable"},
+		{name: "empty GOGC", percent: Default, env: map[string]string{"GOGC": ""}, wantSet: Default, wantGOGC: "400", wantFrom: "--gc"},
 		{name: "GOGC=off without the flag", percent: Default, env: map[string]string{"GOGC": "off"}, wantGOGC: "off", wantFrom: "the GOGC variable"},
 		{name: "flag over GOGC", percent: 300, given: true, env: map[string]string{"GOGC": "150"}, wantSet: 300, wantGOGC: "300", wantFrom: "--gc"},
 	}
