@@ -49,8 +49,7 @@ type serveOptions struct {
 	logFormat      string
 	drainTimeout   time.Duration
 	nearLimit      float64
-	gcPercent      int
-	gcPercentGiven bool // on the command line or in its ENVOY_RLS_ variable
+	gc             *gcpercent.Flag
 	store          storeOptions
 	debug          debugOptions
 }
@@ -72,7 +71,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.logFormat, "log.format", "text", "log format: text or json")
 	fs.Float64Var(&o.nearLimit, "metrics.near-limit-ratio", 0.8, "used fraction of a limit from which an admitted request counts in envoy_rls_near_limit_total (0 disables it)")
 	fs.DurationVar(&o.drainTimeout, "shutdown.drain-timeout", 10*time.Second, "how long a graceful stop waits for in-flight requests")
-	fs.IntVar(&o.gcPercent, gcFlag, gcpercent.Default, "the Go garbage collector's GOGC: heap growth, in percent of the live heap, that starts a collection (1 or more); when the GOGC variable is set and this flag is not given, GOGC applies")
+	o.gc = gcpercent.New(fs, "runtime.gc-percent", "the Go garbage collector's GOGC: heap growth, in percent of the live heap, that starts a collection (1 or more); when the GOGC variable is set and this flag is not given, GOGC applies")
 	o.store.register(fs)
 	o.debug.register(fs)
 	fs.Usage = usageWithEnv(fs, "envoy-rls [serve] [flags]")
@@ -93,7 +92,6 @@ func parseServeFlags(args []string, stderr io.Writer, lookupEnv func(string) (st
 	}
 	var redisGiven []string
 	fs.Visit(func(f *flag.Flag) {
-		o.gcPercentGiven = o.gcPercentGiven || f.Name == gcFlag
 		if strings.HasPrefix(f.Name, "redis.") {
 			redisGiven = append(redisGiven, "--"+f.Name)
 		}
@@ -148,7 +146,7 @@ func (o serveOptions) checkRanges() error {
 	case o.store.fallbackInstances < 0:
 		return usageError{msg: fmt.Sprintf("--fallback.instances %d: must be 0 (learn) or more", o.store.fallbackInstances)}
 	}
-	if err := gcpercent.Check(gcFlag, o.gcPercent); err != nil {
+	if err := o.gc.Check(); err != nil {
 		return usageError{msg: err.Error()}
 	}
 	return nil
@@ -161,12 +159,6 @@ func (o serveOptions) checkRanges() error {
 // PING is in flight: nearly one per request at a moderate rate, which the
 // client must answer (docs/performance.md, "What made the difference").
 const defaultConnWindow = 1 << 20
-
-// gcFlag sets the garbage collector's GOGC (internal/gcpercent; 400 by
-// default: docs/performance.md, "The GC setting"). When the GOGC variable is
-// set and the flag is not given (on the command line or in its ENVOY_RLS_
-// variable), GOGC applies.
-const gcFlag = "runtime.gc-percent"
 
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	var lv slog.Level
@@ -192,7 +184,8 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, lookupEnv f
 	if err != nil {
 		return usageError{msg: err.Error()}
 	}
-	gogc, from := gcpercent.Apply(gcFlag, o.gcPercent, o.gcPercentGiven, lookupEnv, debug.SetGCPercent)
+	// The flag counts as given from its ENVOY_RLS_ variable too.
+	gogc, from := o.gc.Apply(lookupEnv, debug.SetGCPercent)
 	log.Info("garbage collector", "gogc", gogc, "from", from)
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)

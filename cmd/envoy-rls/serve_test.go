@@ -287,7 +287,7 @@ func TestGCPercent(t *testing.T) {
 				t.Fatalf("parse: %v", err)
 			}
 			set := 0
-			gogc, from := gcpercent.Apply(gcFlag, o.gcPercent, o.gcPercentGiven, lookup, func(p int) int { set = p; return 100 })
+			gogc, from := o.gc.Apply(lookup, func(p int) int { set = p; return 100 })
 			if set != tc.wantSet || gogc != tc.wantGOGC || from == "" {
 				t.Errorf("set %d, GOGC %q from %q; want set %d, GOGC %q", set, gogc, from, tc.wantSet, tc.wantGOGC)
 			}

@@ -108,37 +108,21 @@ type loadConfig struct {
 	selfTest    bool   // ceiling from an in-process do-nothing server
 	ceilingAddr string // ceiling from a do-nothing server at this address
 	isCeiling   bool   // mark the run itself as a ceiling run
-	gc          gcFlag
+	gc          *gcpercent.Flag
 }
 
-// gcFlag is --gc-percent: this process's GOGC (internal/gcpercent), that
+// gcUsage is --gc-percent's: this process's GOGC (internal/gcpercent), that
 // of the generator and of an in-process do-nothing server alike, and of
 // serve-noop's. Its default is envoy-rls's, for two reasons: a do-nothing
 // server collecting more often than envoy-rls would lower the ceiling that
 // envoy-rls is measured against, and the generator's own collections delay
 // the answers it is timing (docs/performance.md, "The measurement's own
 // collector").
-type gcFlag struct {
-	percent int
-	given   bool
-}
-
-const gcFlagName = "gc-percent"
-
-func (g *gcFlag) register(fs *flag.FlagSet) {
-	fs.IntVar(&g.percent, gcFlagName, gcpercent.Default, "this process's GOGC, the Go garbage collector's heap growth in percent (1 or more): envoy-rls's default, for the generator and the do-nothing server alike; when the GOGC variable is set and this flag is not given, GOGC applies")
-}
-
-// check notes whether the flag was given and refuses a bad value; call it
-// after fs.Parse.
-func (g *gcFlag) check(fs *flag.FlagSet) error {
-	fs.Visit(func(f *flag.Flag) { g.given = g.given || f.Name == gcFlagName })
-	return gcpercent.Check(gcFlagName, g.percent)
-}
+const gcUsage = "this process's GOGC, the Go garbage collector's heap growth in `percent` (1 or more): envoy-rls's default, for the generator and the do-nothing server alike; when the GOGC variable is set and this flag is not given, GOGC applies"
 
 // setGC applies g to this process and says so on stderr.
-func setGC(g gcFlag, stderr io.Writer) {
-	gogc, from := gcpercent.Apply(gcFlagName, g.percent, g.given, os.LookupEnv, debug.SetGCPercent)
+func setGC(g *gcpercent.Flag, stderr io.Writer) {
+	gogc, from := g.Apply(os.LookupEnv, debug.SetGCPercent)
 	fmt.Fprintf(stderr, "rls-bench: GOGC %s (from %s)\n", gogc, from)
 }
 
@@ -183,7 +167,7 @@ func parseLoad(args []string, stderr io.Writer) (loadConfig, error) {
 	fs.StringVar(&srvMetrics, "server-metrics", "", "URL of the target's Prometheus metrics (e.g. http://127.0.0.1:8080/metrics): report the target's own p50/p99 over the measured phase from --server-histogram")
 	fs.StringVar(&srvHist, "server-histogram", "envoy_rls_request_duration_seconds", "with --server-metrics: the target's latency histogram (in seconds; its series are added together)")
 	fs.Uint64Var(&o.Seed, "seed", 0, "seed of the random indexes (0: random)")
-	cfg.gc.register(fs)
+	cfg.gc = gcpercent.New(fs, "gc-percent", gcUsage)
 	fs.BoolVar(&o.FullDecode, "full-decode", false, "decode every response whole, as a generated client does (default: read only its overall_code, so that the generator's CPU does not grow with what the server answers)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage:\n  rls-bench --addr host:port [flags]\n  rls-bench serve-noop [--addr :8089] [--gc-percent 400]\n  rls-bench report [results.jsonl ...]\n\nFlags:\n")
@@ -197,7 +181,7 @@ func parseLoad(args []string, stderr io.Writer) (loadConfig, error) {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if err := cfg.gc.check(fs); err != nil {
+	if err := cfg.gc.Check(); err != nil {
 		return cfg, err
 	}
 	if set["duration"] && set["requests"] {
@@ -308,15 +292,14 @@ func serveNoop(ctx context.Context, args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("rls-bench serve-noop", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", ":8089", "listen address")
-	var gc gcFlag
-	gc.register(fs)
+	gc := gcpercent.New(fs, "gc-percent", gcUsage)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		return 2
 	}
-	if err := gc.check(fs); err != nil {
+	if err := gc.Check(); err != nil {
 		fmt.Fprintf(stderr, "rls-bench serve-noop: %v\n", err)
 		return 2
 	}

@@ -1,5 +1,5 @@
-// Package gcpercent sets the Go garbage collector's GOGC from a command-line
-// flag, by one rule for every command of this module.
+// Package gcpercent is the flag that sets the Go garbage collector's GOGC,
+// with one rule and one default for every command of this module.
 //
 // envoy-rls keeps a few MB live and allocates on every request, so at Go's
 // default GOGC of 100 it collects dozens of times a second under load;
@@ -11,6 +11,8 @@
 package gcpercent
 
 import (
+	"errors"
+	"flag"
 	"fmt"
 	"strconv"
 )
@@ -19,23 +21,52 @@ import (
 // variable says otherwise.
 const Default = 400
 
+// Flag is a GOGC flag, a flag.Value. It starts at Default and records
+// whether it was set, on the command line or by fs.Set (envoy-rls's
+// environment variables), which decides whether the GOGC variable applies.
+type Flag struct {
+	name    string
+	percent int
+	given   bool
+}
+
+// New registers a GOGC flag called name on fs.
+func New(fs *flag.FlagSet, name, usage string) *Flag {
+	f := &Flag{name: name, percent: Default}
+	fs.Var(f, name, usage)
+	return f
+}
+
+// String implements flag.Value.
+func (f *Flag) String() string { return strconv.Itoa(f.percent) }
+
+// Set implements flag.Value; Check refuses a value out of range.
+func (f *Flag) Set(s string) error {
+	n, err := strconv.ParseInt(s, 0, strconv.IntSize)
+	if err != nil {
+		return errors.New("not an integer")
+	}
+	f.percent, f.given = int(n), true
+	return nil
+}
+
 // Check refuses a percent out of range, naming the flag.
-func Check(flag string, percent int) error {
-	if percent < 1 {
-		return fmt.Errorf("--%s %d: must be 1 or more (GOGC=off, with GOMEMLIMIT, is for the GOGC variable)", flag, percent)
+func (f *Flag) Check() error {
+	if f.percent < 1 {
+		return fmt.Errorf("--%s %d: must be 1 or more (GOGC=off, with GOMEMLIMIT, is for the GOGC variable)", f.name, f.percent)
 	}
 	return nil
 }
 
-// Apply sets GOGC to percent through set (debug.SetGCPercent), unless the
-// GOGC variable is set and the flag was not given (given false): Go has
-// applied GOGC at start, and it is left alone. An empty GOGC counts as
-// unset (Go ran at its default of 100, not at what the variable says). It
-// returns the GOGC in effect and where it came from, for the log.
-func Apply(flag string, percent int, given bool, lookupEnv func(string) (string, bool), set func(int) int) (gogc, from string) {
-	if env, ok := lookupEnv("GOGC"); ok && env != "" && !given {
+// Apply sets GOGC to the flag's percent through set (debug.SetGCPercent),
+// unless the GOGC variable is set and the flag was not: Go has applied GOGC
+// at start, and it is left alone. An empty GOGC counts as unset (Go ran at
+// its default of 100, not at what the variable says). It returns the GOGC
+// in effect and where it came from, for the log.
+func (f *Flag) Apply(lookupEnv func(string) (string, bool), set func(int) int) (gogc, from string) {
+	if env, ok := lookupEnv("GOGC"); ok && env != "" && !f.given {
 		return env, "the GOGC variable"
 	}
-	set(percent)
-	return strconv.Itoa(percent), "--" + flag
+	set(f.percent)
+	return strconv.Itoa(f.percent), "--" + f.name
 }
