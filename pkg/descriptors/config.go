@@ -220,11 +220,11 @@ func settle(dir string, prev []srcFile) ([]srcFile, error) {
 func readDirOnce(dir string) (files []srcFile, whole bool, err error) {
 	for range maxReads - 1 {
 		gen := dataFolder(dir)
-		files, own, err := readDirFrom(dir, gen)
+		read, own, readErr := readDirFrom(dir, gen)
 		if gen != "" && dataFolder(dir) != gen {
 			continue // ..data moved on during the read
 		}
-		return files, gen != "" && own == 0, err
+		return read, gen != "" && own == 0, readErr
 	}
 	return nil, false, fmt.Errorf("descriptors: the ConfigMap in %s changed during each of %d reads in a row; it is read again at the next check", dir, maxReads-1)
 }

@@ -105,9 +105,9 @@ func codecResponses(t *testing.T) map[string]*rlsv3.RateLimitResponse {
 			"override": request("test", override),
 			"unknown":  request("nope", desc("user", "u")),
 		}
-		for i := 0; i < 20; i++ {
-			reqs["over"] = request("test", desc("user", "w"), desc("multi", "m"))
-			resp, err := e.svc.ShouldRateLimit(context.Background(), reqs["over"])
+		over := request("test", desc("user", "w"), desc("multi", "m"))
+		for range 20 {
+			resp, err := e.svc.ShouldRateLimit(context.Background(), over)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -119,7 +119,6 @@ func codecResponses(t *testing.T) map[string]*rlsv3.RateLimitResponse {
 		if out[mode.String()+"/over"] == nil {
 			t.Fatalf("%v: 20 requests never went over the limit", mode)
 		}
-		delete(reqs, "over")
 		for name, req := range reqs {
 			resp, err := e.svc.ShouldRateLimit(context.Background(), req)
 			if err != nil {
