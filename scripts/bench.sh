@@ -41,7 +41,11 @@
 # and reports CPU µs per request ("rls µs/req", "redis µs/req"; "bench µs/req"
 # is the generator itself). On the do-nothing rows the rls column is the
 # do-nothing server's CPU: the floor a gRPC server pays per request. /proc
-# counts in 10 ms ticks, so very short runs are coarse.
+# counts in 10 ms ticks, so very short runs are coarse. The "rls wait",
+# "redis wait" and "bench wait" columns are each process's run-queue wait
+# per request (/proc/<pid>/task/*/schedstat): the time its threads were
+# runnable but waited for a CPU another thread held, latency that the
+# machine's sharing of its cores adds.
 #
 # Environment:
 #   BENCH_DURATION   measured phase of each run (default 5s; 2s for a quick look)

@@ -186,6 +186,9 @@ func runBench(t *testing.T, want []row, env ...string) (string, []*bench.Result)
 		cpu := map[string]int{}
 		for _, c := range r.CPU {
 			cpu[c.Name]++
+			if c.Wait == nil {
+				t.Errorf("%q at %d callers: no run-queue wait of %s (does this kernel keep /proc/<pid>/schedstat?)", k.label, k.callers, c.Name)
+			}
 		}
 		if cpu["rls"] != 1 || cpu["redis"] != 1 || cpu["bench"] != 1 || len(cpu) != 3 {
 			t.Errorf("%q at %d callers: CPU of %v, want bench, rls and redis once each", k.label, k.callers, r.CPU)

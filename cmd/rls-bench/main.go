@@ -163,7 +163,7 @@ func parseLoad(args []string, stderr io.Writer) (loadConfig, error) {
 	fs.BoolVar(&cfg.selfTest, "ceiling", false, "alias of --self-test")
 	fs.StringVar(&cfg.ceilingAddr, "ceiling-addr", "", "like --self-test, but against a do-nothing server at this address (rls-bench serve-noop)")
 	fs.BoolVar(&cfg.isCeiling, "is-ceiling", false, "mark this run as a ceiling run (the target is a do-nothing server), for the report subcommand")
-	fs.Var(&cpus, "cpu", "name=pid (or name=self): report that process's CPU µs per request over the measured phase; repeatable, and probes of the same name add up (e.g. a Redis Cluster's masters)")
+	fs.Var(&cpus, "cpu", "name=pid (or name=self): report that process's CPU µs per request over the measured phase, and its threads' run-queue wait (runnable, waiting for a CPU) per request where Linux keeps scheduler statistics; repeatable, and probes of the same name add up (e.g. a Redis Cluster's masters)")
 	fs.StringVar(&srvMetrics, "server-metrics", "", "URL of the target's Prometheus metrics (e.g. http://127.0.0.1:8080/metrics): report the target's own p50/p99 over the measured phase from --server-histogram")
 	fs.StringVar(&srvHist, "server-histogram", "envoy_rls_request_duration_seconds", "with --server-metrics: the target's latency histogram (in seconds; its series are added together)")
 	fs.Uint64Var(&o.Seed, "seed", 0, "seed of the random indexes (0: random)")

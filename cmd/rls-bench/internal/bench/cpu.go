@@ -2,10 +2,13 @@ package bench
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -65,14 +68,104 @@ func procCPU(pid int) (time.Duration, error) {
 	return time.Duration(utime+stime) * time.Second / clockTicks, nil
 }
 
-func readCPU(probes []CPUProbe) ([]time.Duration, error) {
-	out := make([]time.Duration, len(probes))
+// reading is what a probe reads of a process at one instant.
+type reading struct {
+	cpu time.Duration
+	// wait is the time each thread, by thread id, has spent runnable but
+	// waiting for a CPU so far; nil where the kernel keeps no scheduler
+	// statistics.
+	wait map[int]time.Duration
+}
+
+func readProbes(probes []CPUProbe) ([]reading, error) {
+	out := make([]reading, len(probes))
 	for i, p := range probes {
 		d, err := procCPU(p.PID)
 		if err != nil {
 			return nil, fmt.Errorf("cpu probe %s: %w", p.Name, err)
 		}
-		out[i] = d
+		w, err := procWait(p.PID)
+		if err != nil {
+			return nil, fmt.Errorf("cpu probe %s: %w", p.Name, err)
+		}
+		out[i] = reading{cpu: d, wait: w}
 	}
 	return out, nil
+}
+
+// procWait returns, by thread id, the time each thread of a process has
+// spent on a run queue so far: runnable, waiting for a CPU that other
+// threads (of any process) hold. It is the second field of
+// /proc/<pid>/task/<tid>/schedstat, in nanoseconds. It returns nil, nil
+// where the kernel keeps no such statistics (no /proc/<pid>/schedstat,
+// CONFIG_SCHED_INFO off). A thread that exits while it is read is left out.
+func procWait(pid int) (map[int]time.Duration, error) {
+	p := "self"
+	if pid > 0 {
+		p = strconv.Itoa(pid)
+	}
+	dir := "/proc/" + p
+	if _, err := os.Stat(dir + "/schedstat"); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			if _, err := os.Stat(dir); err == nil {
+				return nil, nil // the process is there; its statistics are not
+			}
+		}
+		return nil, fmt.Errorf("read run-queue wait of process %s: %w", p, err)
+	}
+	tasks, err := os.ReadDir(dir + "/task")
+	if err != nil {
+		return nil, fmt.Errorf("read run-queue wait of process %s: %w", p, err)
+	}
+	out := make(map[int]time.Duration, len(tasks))
+	for _, t := range tasks {
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil {
+			continue // not a thread
+		}
+		b, err := os.ReadFile(dir + "/task/" + t.Name() + "/schedstat")
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+			continue // the thread exited meanwhile
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read run-queue wait of thread %d of process %s: %w", tid, p, err)
+		}
+		w, err := schedstatWait(b)
+		if err != nil {
+			return nil, fmt.Errorf("read run-queue wait of thread %d of process %s: %w", tid, p, err)
+		}
+		out[tid] = w
+	}
+	return out, nil
+}
+
+// schedstatWait returns the run-queue wait of a schedstat line: "<ns on a
+// CPU> <ns waiting on a run queue> <timeslices run>".
+func schedstatWait(b []byte) (time.Duration, error) {
+	f := strings.Fields(string(b))
+	if len(f) != 3 {
+		return 0, fmt.Errorf("malformed schedstat %q: want 3 fields", b)
+	}
+	ns, err := strconv.ParseInt(f[1], 10, 64)
+	if err != nil || ns < 0 {
+		return 0, fmt.Errorf("malformed schedstat %q: its second field is not a count of nanoseconds", b)
+	}
+	return time.Duration(ns), nil
+}
+
+// waitBetween is the run-queue wait of a process between two readings: by
+// thread, what its total grew, and the whole total of a thread that did not
+// exist at the first (a total that shrank can only be a new thread under a
+// reused id). A thread that exited in between is not counted for the part it
+// waited after the first reading.
+func waitBetween(before, after map[int]time.Duration) time.Duration {
+	var d time.Duration
+	for tid, a := range after {
+		if b, ok := before[tid]; ok && b <= a {
+			d += a - b
+		} else {
+			d += a
+		}
+	}
+	return d
 }

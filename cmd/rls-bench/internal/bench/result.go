@@ -65,11 +65,23 @@ type CPUUse struct {
 	Name         string  `json:"name"`
 	Seconds      float64 `json:"seconds"`
 	MicrosPerReq float64 `json:"us_per_req"`
+	// Wait is the time the process's threads spent runnable but waiting
+	// for a CPU, on a run queue, over the phase and per answered request:
+	// latency the machine's scheduling added, whichever process held the
+	// CPU. nil where the kernel keeps no scheduler statistics.
+	Wait *Wait `json:"wait,omitempty"`
+}
+
+// Wait is a process's run-queue wait (CPUUse.Wait), from the schedstat of
+// each of its threads in nanoseconds.
+type Wait struct {
+	Seconds      float64 `json:"seconds"`
+	MicrosPerReq float64 `json:"us_per_req"`
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-func newResult(o Options, m measurement, before, after []time.Duration) *Result {
+func newResult(o Options, m measurement, before, after []reading) *Result {
 	r := &Result{
 		Label:       o.Label,
 		Target:      o.Addr,
@@ -102,19 +114,31 @@ func newResult(o Options, m measurement, before, after []time.Duration) *Result 
 		r.RPS = float64(answered) / r.ElapsedS
 	}
 	// Probes of the same name add up (the masters of a Redis Cluster),
-	// reported once, where the name first appears.
+	// reported once, where the name first appears. A name has a wait when
+	// every probe of it has.
 	var names []string
-	used := map[string]time.Duration{}
+	used, waited := map[string]time.Duration{}, map[string]time.Duration{}
+	noWait := map[string]bool{}
 	for i, p := range o.CPU {
 		if _, seen := used[p.Name]; !seen {
 			names = append(names, p.Name)
 		}
-		used[p.Name] += after[i] - before[i]
+		used[p.Name] += after[i].cpu - before[i].cpu
+		if before[i].wait == nil || after[i].wait == nil {
+			noWait[p.Name] = true
+		}
+		waited[p.Name] += waitBetween(before[i].wait, after[i].wait)
+	}
+	perReq := func(d time.Duration) float64 {
+		if answered == 0 {
+			return 0
+		}
+		return float64(d.Microseconds()) / float64(answered)
 	}
 	for _, name := range names {
-		u := CPUUse{Name: name, Seconds: used[name].Seconds()}
-		if answered > 0 {
-			u.MicrosPerReq = float64(used[name].Microseconds()) / float64(answered)
+		u := CPUUse{Name: name, Seconds: used[name].Seconds(), MicrosPerReq: perReq(used[name])}
+		if !noWait[name] {
+			u.Wait = &Wait{Seconds: waited[name].Seconds(), MicrosPerReq: perReq(waited[name])}
 		}
 		r.CPU = append(r.CPU, u)
 	}
@@ -211,21 +235,20 @@ func Medians(rs []*Result) []*Result {
 		}
 		m.CPU = nil
 		for _, c := range g[0].CPU {
-			use := func(r *Result) (CPUUse, bool) {
-				for _, x := range r.CPU {
-					if x.Name == c.Name {
-						return x, true
+			var secs, per, wsecs, wper []float64
+			for _, r := range g {
+				if x := cpuOf(r, c.Name); x != nil {
+					secs, per = append(secs, x.Seconds), append(per, x.MicrosPerReq)
+					if x.Wait != nil {
+						wsecs, wper = append(wsecs, x.Wait.Seconds), append(wper, x.Wait.MicrosPerReq)
 					}
 				}
-				return CPUUse{}, false
 			}
-			var secs, per []float64
-			for _, r := range g {
-				if x, ok := use(r); ok {
-					secs, per = append(secs, x.Seconds), append(per, x.MicrosPerReq)
-				}
+			u := CPUUse{Name: c.Name, Seconds: median(secs), MicrosPerReq: median(per)}
+			if len(wper) > 0 { // the median of the runs that measured it
+				u.Wait = &Wait{Seconds: median(wsecs), MicrosPerReq: median(wper)}
 			}
-			m.CPU = append(m.CPU, CPUUse{Name: c.Name, Seconds: median(secs), MicrosPerReq: median(per)})
+			m.CPU = append(m.CPU, u)
 		}
 		// The server's figures: the median of the runs in which it observed
 		// requests (a run without any has no quantiles, not zero ones).
@@ -314,14 +337,24 @@ func ReadJSON(rd io.Reader) ([]*Result, error) {
 
 // WriteTable writes the results as an aligned table: one row per run, the
 // server's own p50 and p99 when any result has them, one "<name> µs/req"
-// column per CPU probe name seen in any result, and the fraction of the
-// ceiling when known. Latencies are in milliseconds.
+// column per CPU probe name seen in any result, then one "<name> wait"
+// column (run-queue wait µs/req) per name that any result has a wait of,
+// and the fraction of the ceiling when known. Latencies are in
+// milliseconds.
 func WriteTable(w io.Writer, rs []*Result) error {
-	var cpuNames []string
+	var cpuNames, waitNames []string
 	for _, r := range rs {
 		for _, c := range r.CPU {
 			if !slices.Contains(cpuNames, c.Name) {
 				cpuNames = append(cpuNames, c.Name)
+			}
+		}
+	}
+	for _, n := range cpuNames {
+		for _, r := range rs {
+			if c := cpuOf(r, n); c != nil && c.Wait != nil {
+				waitNames = append(waitNames, n)
+				break
 			}
 		}
 	}
@@ -339,6 +372,9 @@ func WriteTable(w io.Writer, rs []*Result) error {
 	}
 	for _, n := range cpuNames {
 		head = append(head, n+" µs/req")
+	}
+	for _, n := range waitNames {
+		head = append(head, n+" wait")
 	}
 	rows := [][]string{head}
 	for _, r := range rs {
@@ -370,10 +406,15 @@ func WriteTable(w io.Writer, rs []*Result) error {
 		}
 		for _, n := range cpuNames {
 			cell := "-"
-			for _, c := range r.CPU {
-				if c.Name == n {
-					cell = fmt.Sprintf("%.1f", c.MicrosPerReq)
-				}
+			if c := cpuOf(r, n); c != nil {
+				cell = fmt.Sprintf("%.1f", c.MicrosPerReq)
+			}
+			row = append(row, cell)
+		}
+		for _, n := range waitNames {
+			cell := "-"
+			if c := cpuOf(r, n); c != nil && c.Wait != nil {
+				cell = fmt.Sprintf("%.1f", c.Wait.MicrosPerReq)
 			}
 			row = append(row, cell)
 		}
@@ -381,6 +422,16 @@ func WriteTable(w io.Writer, rs []*Result) error {
 	}
 	if _, err := io.WriteString(w, alignRows(rows, 2)); err != nil {
 		return fmt.Errorf("write table: %w", err)
+	}
+	return nil
+}
+
+// cpuOf returns r's CPU figures of the probe name, or nil.
+func cpuOf(r *Result, name string) *CPUUse {
+	for i := range r.CPU {
+		if r.CPU[i].Name == name {
+			return &r.CPU[i]
+		}
 	}
 	return nil
 }

@@ -3,8 +3,11 @@ package bench
 import (
 	"bytes"
 	"math"
+	"os"
 	"reflect"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -14,7 +17,7 @@ func TestResultsJSONRoundTripAndCeilings(t *testing.T) {
 		{Label: "ceiling", Mode: "closed", Callers: 16, RPS: 40000, Ceiling: true, OK: 1},
 		{Label: "ceiling64", Mode: "closed", Callers: 64, RPS: 50000, Ceiling: true},
 		{Label: "one-key", Mode: "closed", Callers: 16, RPS: 10000, OK: 5, OverLimit: 2, Errors: 1,
-			ErrorKinds: map[string]int64{"Unavailable": 1}, CPU: []CPUUse{{Name: "rls", MicrosPerReq: 51.25}}},
+			ErrorKinds: map[string]int64{"Unavailable": 1}, CPU: []CPUUse{{Name: "rls", MicrosPerReq: 51.25, Wait: &Wait{Seconds: 0.5, MicrosPerReq: 7.25}}}},
 		{Label: "one-key64", Mode: "closed", Callers: 64, RPS: 25000},
 		{Label: "open", Mode: "open", Callers: 16, Rate: 3000, RPS: 3000},
 		// Three descriptors per request: a ceiling of their own at 16
@@ -62,7 +65,7 @@ func TestResultsJSONRoundTripAndCeilings(t *testing.T) {
 	if len(lines) != 1+len(in) {
 		t.Fatalf("table has %d lines, want header + %d:\n%s", len(lines), len(in), tbl.String())
 	}
-	for _, want := range []string{"rls µs/req", "p99.9 ms", "OVER_LIMIT", "(ceiling)", "25%", "51.2", "1 (Unavailable)", "16@3000/s"} {
+	for _, want := range []string{"rls µs/req", "rls wait", "7.2", "p99.9 ms", "OVER_LIMIT", "(ceiling)", "25%", "51.2", "1 (Unavailable)", "16@3000/s"} {
 		if !strings.Contains(tbl.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, tbl.String())
 		}
@@ -117,7 +120,7 @@ func TestNewResultCountsAnswersOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := newResult(o, m, []time.Duration{time.Second}, []time.Duration{time.Second + 4*time.Millisecond})
+	r := newResult(o, m, []reading{{cpu: time.Second}}, []reading{{cpu: time.Second + 4*time.Millisecond}})
 	answered := float64(m.ok + m.overLimit)
 	if r.Requests != 8 || r.Errors != 4 || r.RPS != answered/2 {
 		t.Errorf("requests=%d errors=%d rps=%v, want 8, 4, %v (answers only)", r.Requests, r.Errors, r.RPS, answered/2)
@@ -125,40 +128,158 @@ func TestNewResultCountsAnswersOnly(t *testing.T) {
 	if len(r.CPU) != 1 || r.CPU[0].MicrosPerReq != 4000/answered || r.CPU[0].Seconds != 0.004 {
 		t.Errorf("cpu = %+v, want 4 ms over %v answers", r.CPU, answered)
 	}
+	if r.CPU[0].Wait != nil {
+		t.Errorf("wait = %+v from readings without scheduler statistics, want none", r.CPU[0].Wait)
+	}
 	if r.Max != 8 || r.P50 < 4 || r.P50 > 4*(1+1.0/subCount) {
 		t.Errorf("max=%v p50=%v, want 8 and about 4 (ms)", r.Max, r.P50)
 	}
 }
 
 // TestNewResultAddsProbesOfOneName: CPU probes that share a name (the
-// masters of a Redis Cluster) are reported as one, their times added, in
-// the order names first appear.
+// masters of a Redis Cluster) are reported as one, their times and waits
+// added, in the order names first appear; a name has a wait only when each
+// of its probes has one.
 func TestNewResultAddsProbesOfOneName(t *testing.T) {
 	m := measurement{elapsed: time.Second}
 	m.ok = 1000
-	probes := []CPUProbe{{Name: "redis", PID: 1}, {Name: "rls", PID: 2}, {Name: "redis", PID: 3}, {Name: "redis", PID: 4}}
+	probes := []CPUProbe{{Name: "redis", PID: 1}, {Name: "rls", PID: 2}, {Name: "redis", PID: 3}, {Name: "redis", PID: 4}, {Name: "bench"}, {Name: "bench", PID: 5}}
 	o, err := Options{Addr: "x:1", Descriptors: []Template{{}}, CPU: probes}.withDefaults()
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := []time.Duration{time.Second, time.Second, 2 * time.Second, 3 * time.Second}
-	after := []time.Duration{time.Second + 10*time.Millisecond, time.Second + 50*time.Millisecond, 2*time.Second + 20*time.Millisecond, 3*time.Second + 30*time.Millisecond}
+	ms := time.Millisecond
+	at := func(cpu time.Duration, wait map[int]time.Duration) reading { return reading{cpu: cpu, wait: wait} }
+	before := []reading{
+		at(time.Second, map[int]time.Duration{1: 1 * ms, 11: 2 * ms}),
+		at(time.Second, map[int]time.Duration{2: 0}),
+		at(2*time.Second, map[int]time.Duration{3: 4 * ms}),
+		at(3*time.Second, map[int]time.Duration{4: 0}),
+		at(0, map[int]time.Duration{6: 0}),
+		at(0, nil), // a process without scheduler statistics
+	}
+	after := []reading{
+		at(time.Second+10*ms, map[int]time.Duration{1: 2 * ms, 11: 3 * ms}),
+		at(time.Second+50*ms, map[int]time.Duration{2: 9 * ms}),
+		at(2*time.Second+20*ms, map[int]time.Duration{3: 5 * ms, 13: 4 * ms}), // 13 started meanwhile
+		at(3*time.Second+30*ms, map[int]time.Duration{4: 1 * ms}),
+		at(ms, map[int]time.Duration{6: ms}),
+		at(ms, nil),
+	}
 	r := newResult(o, m, before, after)
-	want := []CPUUse{{Name: "redis", Seconds: 0.06, MicrosPerReq: 60}, {Name: "rls", Seconds: 0.05, MicrosPerReq: 50}}
+	want := []CPUUse{
+		{Name: "redis", Seconds: 0.06, MicrosPerReq: 60, Wait: &Wait{Seconds: 0.008, MicrosPerReq: 8}},
+		{Name: "rls", Seconds: 0.05, MicrosPerReq: 50, Wait: &Wait{Seconds: 0.009, MicrosPerReq: 9}},
+		{Name: "bench", Seconds: 0.002, MicrosPerReq: 2},
+	}
 	if len(r.CPU) != len(want) {
 		t.Fatalf("cpu = %+v, want %+v", r.CPU, want)
 	}
-	for i := range want {
-		if r.CPU[i].Name != want[i].Name || math.Abs(r.CPU[i].Seconds-want[i].Seconds) > 1e-9 || math.Abs(r.CPU[i].MicrosPerReq-want[i].MicrosPerReq) > 1e-9 {
-			t.Errorf("cpu[%d] = %+v, want %+v", i, r.CPU[i], want[i])
+	near := func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+	for i, w := range want {
+		g := r.CPU[i]
+		if g.Name != w.Name || !near(g.Seconds, w.Seconds) || !near(g.MicrosPerReq, w.MicrosPerReq) {
+			t.Errorf("cpu[%d] = %+v, want %+v", i, g, w)
 		}
+		if (g.Wait == nil) != (w.Wait == nil) || g.Wait != nil && (!near(g.Wait.Seconds, w.Wait.Seconds) || !near(g.Wait.MicrosPerReq, w.Wait.MicrosPerReq)) {
+			t.Errorf("cpu[%d] %s: wait %+v, want %+v", i, g.Name, g.Wait, w.Wait)
+		}
+	}
+}
+
+// TestWaitBetween: what each thread's total grew; a thread new at the
+// second reading, or under a reused id (its total lower), counts whole; a
+// thread gone by then counts nothing.
+func TestWaitBetween(t *testing.T) {
+	before := map[int]time.Duration{1: 10, 2: 20, 3: 50, 9: 1000}
+	after := map[int]time.Duration{1: 15, 2: 20, 3: 7, 4: 3}
+	if got, want := waitBetween(before, after), time.Duration(5+0+7+3); got != want {
+		t.Errorf("waitBetween = %v, want %v", got, want)
+	}
+	if got := waitBetween(nil, nil); got != 0 {
+		t.Errorf("waitBetween of nothing = %v", got)
+	}
+}
+
+func TestSchedstatWait(t *testing.T) {
+	if w, err := schedstatWait([]byte("855704 822385 14\n")); err != nil || w != 822385 {
+		t.Errorf("schedstatWait = %v, %v; want 822385ns, the second field", w, err)
+	}
+	for _, bad := range []string{"", "1 2", "1 2 3 4", "1 x 3", "1 -2 3"} {
+		if _, err := schedstatWait([]byte(bad)); err == nil {
+			t.Errorf("schedstatWait(%q): no error", bad)
+		}
+	}
+}
+
+// TestProcWaitGrowsUnderContention: with twice as many busy threads as
+// CPUs, this process's threads wait on run queues about as long as they
+// run, and procWait sees it. Where the kernel keeps no scheduler statistics
+// the test fails: the probe would report no wait on this machine, and its
+// figures in the README come from one that does.
+func TestProcWaitGrowsUnderContention(t *testing.T) {
+	before, err := procWait(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if before == nil {
+		t.Fatal("procWait(self): no scheduler statistics (/proc/self/schedstat missing; a kernel built without CONFIG_SCHED_INFO)")
+	}
+	if _, ok := before[os.Getpid()]; !ok {
+		t.Fatalf("procWait(self) = %v: lacks the main thread %d", before, os.Getpid())
+	}
+	// Twice as many threads running Go code as CPUs, each spinning until
+	// they have used 400 ms of CPU.
+	n := 2 * runtime.NumCPU()
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(n))
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			for x := 0; ; x++ {
+				if x%1024 == 0 {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+				}
+			}
+		})
+	}
+	defer func() { close(stop); wg.Wait() }()
+	cpu0, err := procCPU(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var used time.Duration
+	for used < 400*time.Millisecond {
+		cpu, err := procCPU(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		used = cpu - cpu0
+		runtime.Gosched()
+	}
+	after, err := procWait(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each thread runs about half the time and waits the other half; a
+	// fifth of the CPU used is a margin for the runtime's own threads that
+	// do not spin, and is far above what a misread field (a count, or
+	// microseconds for nanoseconds) would give.
+	w := waitBetween(before, after)
+	t.Logf("%d spinning threads on %d CPUs: %v of CPU, %v of run-queue wait", n, runtime.NumCPU(), used, w)
+	if w < used/5 {
+		t.Errorf("%d spinning threads on %d CPUs used %v of CPU and waited %v on run queues, want at least %v", n, runtime.NumCPU(), used, w, used/5)
 	}
 }
 
 func TestMedians(t *testing.T) {
 	run := func(label string, callers int, rps, p99, cpu float64, ok int64) *Result {
 		return &Result{Label: label, Target: "t", Mode: "closed", Callers: callers, RPS: rps, P99: p99, OK: ok,
-			CPU: []CPUUse{{Name: "rls", MicrosPerReq: cpu}}}
+			CPU: []CPUUse{{Name: "rls", MicrosPerReq: cpu, Wait: &Wait{MicrosPerReq: cpu / 10}}}}
 	}
 	in := []*Result{
 		run("ceiling", 16, 20000, 1, 30, 100),
@@ -172,6 +293,9 @@ func TestMedians(t *testing.T) {
 	}
 	in[len(in)-1].FullDecode = true
 	in[0].Ceiling, in[2].Ceiling, in[4].Ceiling = true, true, true
+	// A ceiling run without scheduler statistics: the wait's median is
+	// that of the two runs that have one, not a zero among them.
+	in[2].CPU[0].Wait = nil
 	for i, p99 := range map[int]float64{1: 0.5, 3: 0.9, 5: 0.7} {
 		in[i].Server = &ServerLatency{Requests: in[i].OK, P50: p99 / 2, P90: p99 / 2, P99: p99}
 	}
@@ -191,6 +315,12 @@ func TestMedians(t *testing.T) {
 	}
 	if a.Label != "a" || a.Runs != 3 || a.RPS != 8000 || a.P99 != 7 || a.OK != 60 || a.CPU[0].MicrosPerReq != 90 {
 		t.Errorf("a median = %+v", a)
+	}
+	if w := a.CPU[0].Wait; w == nil || w.MicrosPerReq != 9 {
+		t.Errorf("a's median wait = %+v, want 9 µs/req", w)
+	}
+	if w := c.CPU[0].Wait; w == nil || math.Abs(w.MicrosPerReq-3.05) > 1e-9 {
+		t.Errorf("ceiling's median wait = %+v, want 3.05 µs/req (of 3.0 and 3.1, the runs that have one)", w)
 	}
 	if a.Server == nil || a.Server.P99 != 0.7 || a.Server.P50 != 0.35 || a.Server.Requests != 60 || c.Server != nil {
 		t.Errorf("server latency medians: a %+v, ceiling %+v; want a's p99 0.7, p50 0.35 over 60 requests, none for the ceiling", a.Server, c.Server)

@@ -73,8 +73,9 @@ type Options struct {
 	// most responses that the server must answer: a cost Envoy does not
 	// impose on it. The command line defaults to 1 MiB.
 	ConnWindow int
-	// CPU lists processes whose CPU time (user + system) is read before and
-	// after the measured phase, to report CPU µs per request.
+	// CPU lists processes whose CPU time (user + system) and run-queue wait
+	// are read before and after the measured phase, to report them per
+	// request.
 	CPU []CPUProbe
 	// Server, when set, is the target's latency histogram, scraped before
 	// and after the measured phase (Result.Server); each scrape is bounded
@@ -187,7 +188,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bench %s: %w", o.Label, err)
 	}
-	before, err := readCPU(o.CPU)
+	before, err := readProbes(o.CPU)
 	if err != nil {
 		return nil, fmt.Errorf("bench %s: %w", o.Label, err)
 	}
@@ -195,7 +196,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bench %s: %w", o.Label, err)
 	}
-	after, err := readCPU(o.CPU)
+	after, err := readProbes(o.CPU)
 	if err != nil {
 		return nil, fmt.Errorf("bench %s: %w", o.Label, err)
 	}
