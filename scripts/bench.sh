@@ -41,11 +41,11 @@
 # and reports CPU µs per request ("rls µs/req", "redis µs/req"; "bench µs/req"
 # is the generator itself). On the do-nothing rows the rls column is the
 # do-nothing server's CPU: the floor a gRPC server pays per request. /proc
-# counts in 10 ms ticks, so very short runs are coarse. The "rls wait",
-# "redis wait" and "bench wait" columns are each process's run-queue wait
-# per request (/proc/<pid>/task/*/schedstat): the time its threads were
-# runnable but waited for a CPU another thread held, latency that the
-# machine's sharing of its cores adds.
+# counts in 10 ms ticks, so very short runs are coarse. The "wait µs/req"
+# columns are each process's run-queue wait per request, summed over its
+# threads (/proc/<pid>/task/*/schedstat): thread-time runnable but not
+# running, a measure of how much the processes contend for the cores (not a
+# share of each request's latency).
 #
 # Environment:
 #   BENCH_DURATION   measured phase of each run (default 5s; 2s for a quick look)

@@ -187,7 +187,7 @@ func runBench(t *testing.T, want []row, env ...string) (string, []*bench.Result)
 		for _, c := range r.CPU {
 			cpu[c.Name]++
 			if c.Wait == nil {
-				t.Errorf("%q at %d callers: no run-queue wait of %s (does this kernel keep /proc/<pid>/schedstat?)", k.label, k.callers, c.Name)
+				t.Errorf("%q at %d callers: no run-queue wait of %s (does this kernel keep scheduler statistics, /proc/<pid>/schedstat?)", k.label, k.callers, c.Name)
 			}
 		}
 		if cpu["rls"] != 1 || cpu["redis"] != 1 || cpu["bench"] != 1 || len(cpu) != 3 {

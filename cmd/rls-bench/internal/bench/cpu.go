@@ -94,30 +94,45 @@ func readProbes(probes []CPUProbe) ([]reading, error) {
 }
 
 // procWait returns, by thread id, the time each thread of a process has
-// spent on a run queue so far: runnable, waiting for a CPU that other
-// threads (of any process) hold. It is the second field of
-// /proc/<pid>/task/<tid>/schedstat, in nanoseconds. It returns nil, nil
-// where the kernel keeps no such statistics (no /proc/<pid>/schedstat,
-// CONFIG_SCHED_INFO off). A thread that exits while it is read is left out.
+// spent on a run queue so far: runnable but not running, whether behind
+// another process's threads, its own, or a CPU quota. It is the second
+// field of /proc/<pid>/task/<tid>/schedstat, in nanoseconds (summed over
+// the threads, since /proc/<pid>/schedstat is the main thread's alone). It
+// returns nil, nil where the kernel keeps no such statistics (see
+// taskWaits). A thread that exits while it is read is left out.
 func procWait(pid int) (map[int]time.Duration, error) {
 	p := "self"
 	if pid > 0 {
 		p = strconv.Itoa(pid)
 	}
-	dir := "/proc/" + p
-	if _, err := os.Stat(dir + "/schedstat"); err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			if _, err := os.Stat(dir); err == nil {
-				return nil, nil // the process is there; its statistics are not
-			}
-		}
-		return nil, fmt.Errorf("read run-queue wait of process %s: %w", p, err)
-	}
-	tasks, err := os.ReadDir(dir + "/task")
+	w, err := taskWaits("/proc/" + p)
 	if err != nil {
 		return nil, fmt.Errorf("read run-queue wait of process %s: %w", p, err)
 	}
+	return w, nil
+}
+
+// taskWaits reads the schedstat of every thread under dir, a process's
+// directory in /proc. It returns nil, nil where the kernel keeps no
+// scheduler statistics: without CONFIG_SCHED_INFO there is no schedstat
+// file, and where it is compiled in but switched off each reads "0 0 0"
+// (no live process has run for no time at all).
+func taskWaits(dir string) (map[int]time.Duration, error) {
+	if _, err := os.Stat(dir + "/schedstat"); err != nil {
+		if _, statErr := os.Stat(dir); statErr != nil {
+			return nil, statErr // the process is gone
+		}
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil // the process is there; its statistics are not
+		}
+		return nil, err
+	}
+	tasks, err := os.ReadDir(dir + "/task")
+	if err != nil {
+		return nil, err
+	}
 	out := make(map[int]time.Duration, len(tasks))
+	ran := false
 	for _, t := range tasks {
 		tid, err := strconv.Atoi(t.Name())
 		if err != nil {
@@ -128,36 +143,46 @@ func procWait(pid int) (map[int]time.Duration, error) {
 			continue // the thread exited meanwhile
 		}
 		if err != nil {
-			return nil, fmt.Errorf("read run-queue wait of thread %d of process %s: %w", tid, p, err)
+			return nil, fmt.Errorf("thread %d: %w", tid, err)
 		}
-		w, err := schedstatWait(b)
+		on, wait, err := parseSchedstat(b)
 		if err != nil {
-			return nil, fmt.Errorf("read run-queue wait of thread %d of process %s: %w", tid, p, err)
+			return nil, fmt.Errorf("thread %d: %w", tid, err)
 		}
-		out[tid] = w
+		ran = ran || on > 0
+		out[tid] = wait
+	}
+	if !ran {
+		return nil, nil
 	}
 	return out, nil
 }
 
-// schedstatWait returns the run-queue wait of a schedstat line: "<ns on a
-// CPU> <ns waiting on a run queue> <timeslices run>".
-func schedstatWait(b []byte) (time.Duration, error) {
+// parseSchedstat returns the first two fields of a schedstat line: "<ns on
+// a CPU> <ns waiting on a run queue> <timeslices run>" (a later kernel may
+// add fields).
+func parseSchedstat(b []byte) (on, wait time.Duration, err error) {
 	f := strings.Fields(string(b))
-	if len(f) != 3 {
-		return 0, fmt.Errorf("malformed schedstat %q: want 3 fields", b)
+	if len(f) < 3 {
+		return 0, 0, fmt.Errorf("malformed schedstat %q: want 3 fields", b)
 	}
-	ns, err := strconv.ParseInt(f[1], 10, 64)
-	if err != nil || ns < 0 {
-		return 0, fmt.Errorf("malformed schedstat %q: its second field is not a count of nanoseconds", b)
+	var ns [2]int64
+	for i := range ns {
+		ns[i], err = strconv.ParseInt(f[i], 10, 64)
+		if err != nil || ns[i] < 0 {
+			return 0, 0, fmt.Errorf("malformed schedstat %q: field %d is not a count of nanoseconds", b, i+1)
+		}
 	}
-	return time.Duration(ns), nil
+	return time.Duration(ns[0]), time.Duration(ns[1]), nil
 }
 
 // waitBetween is the run-queue wait of a process between two readings: by
 // thread, what its total grew, and the whole total of a thread that did not
 // exist at the first (a total that shrank can only be a new thread under a
 // reused id). A thread that exited in between is not counted for the part it
-// waited after the first reading.
+// waited after the first reading. The kernel adds a wait to the total when
+// the thread gets a CPU, so a wait in progress at a reading counts at the
+// next one: at most a timeslice per thread either way.
 func waitBetween(before, after map[int]time.Duration) time.Duration {
 	var d time.Duration
 	for tid, a := range after {

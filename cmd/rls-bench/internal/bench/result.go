@@ -65,10 +65,14 @@ type CPUUse struct {
 	Name         string  `json:"name"`
 	Seconds      float64 `json:"seconds"`
 	MicrosPerReq float64 `json:"us_per_req"`
-	// Wait is the time the process's threads spent runnable but waiting
-	// for a CPU, on a run queue, over the phase and per answered request:
-	// latency the machine's scheduling added, whichever process held the
-	// CPU. nil where the kernel keeps no scheduler statistics.
+	// Wait is the thread-time the process spent runnable but not running
+	// (on a run queue), summed over its threads, over the phase and per
+	// answered request, like MicrosPerReq. It measures CPU contention: a
+	// wait of the thread that serves many requests delays all of them, and
+	// waits of threads off the requests' path count too, so it is not a
+	// share of each request's latency. It includes waiting behind the
+	// process's own threads and a CPU quota's throttling. nil where the
+	// kernel keeps no scheduler statistics.
 	Wait *Wait `json:"wait,omitempty"`
 }
 
@@ -337,8 +341,8 @@ func ReadJSON(rd io.Reader) ([]*Result, error) {
 
 // WriteTable writes the results as an aligned table: one row per run, the
 // server's own p50 and p99 when any result has them, one "<name> µs/req"
-// column per CPU probe name seen in any result, then one "<name> wait"
-// column (run-queue wait µs/req) per name that any result has a wait of,
+// column per CPU probe name seen in any result, then one "<name> wait
+// µs/req" column (run-queue wait) per name that any result has a wait of,
 // and the fraction of the ceiling when known. Latencies are in
 // milliseconds.
 func WriteTable(w io.Writer, rs []*Result) error {
@@ -374,7 +378,7 @@ func WriteTable(w io.Writer, rs []*Result) error {
 		head = append(head, n+" µs/req")
 	}
 	for _, n := range waitNames {
-		head = append(head, n+" wait")
+		head = append(head, n+" wait µs/req")
 	}
 	rows := [][]string{head}
 	for _, r := range rs {

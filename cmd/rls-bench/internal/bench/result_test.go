@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"math"
 	"os"
+	"path/filepath"
 	"reflect"
 	"runtime"
 	"strings"
@@ -18,7 +19,7 @@ func TestResultsJSONRoundTripAndCeilings(t *testing.T) {
 		{Label: "ceiling64", Mode: "closed", Callers: 64, RPS: 50000, Ceiling: true},
 		{Label: "one-key", Mode: "closed", Callers: 16, RPS: 10000, OK: 5, OverLimit: 2, Errors: 1,
 			ErrorKinds: map[string]int64{"Unavailable": 1}, CPU: []CPUUse{{Name: "rls", MicrosPerReq: 51.25, Wait: &Wait{Seconds: 0.5, MicrosPerReq: 7.25}}}},
-		{Label: "one-key64", Mode: "closed", Callers: 64, RPS: 25000},
+		{Label: "one-key64", Mode: "closed", Callers: 64, RPS: 25000, CPU: []CPUUse{{Name: "rls", MicrosPerReq: 40}}}, // no wait
 		{Label: "open", Mode: "open", Callers: 16, Rate: 3000, RPS: 3000},
 		// Three descriptors per request: a ceiling of their own at 16
 		// callers, none at 64.
@@ -65,9 +66,19 @@ func TestResultsJSONRoundTripAndCeilings(t *testing.T) {
 	if len(lines) != 1+len(in) {
 		t.Fatalf("table has %d lines, want header + %d:\n%s", len(lines), len(in), tbl.String())
 	}
-	for _, want := range []string{"rls µs/req", "rls wait", "7.2", "p99.9 ms", "OVER_LIMIT", "(ceiling)", "25%", "51.2", "1 (Unavailable)", "16@3000/s"} {
+	for _, want := range []string{"rls µs/req  rls wait µs/req\n", "p99.9 ms", "OVER_LIMIT", "(ceiling)", "25%", "51.2", "1 (Unavailable)", "16@3000/s"} {
 		if !strings.Contains(tbl.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, tbl.String())
+		}
+	}
+	// The CPU and wait columns, last: a run without a wait shows "-".
+	for label, want := range map[string][2]string{"one-key": {"51.2", "7.2"}, "one-key64": {"40.0", "-"}, "ceiling": {"-", "-"}} {
+		for _, l := range lines {
+			if f := strings.Fields(l); f[0] == label {
+				if got := [2]string(f[len(f)-2:]); got != want {
+					t.Errorf("%s: cpu and wait cells %q, want %q:\n%s", label, got, want, tbl.String())
+				}
+			}
 		}
 	}
 }
@@ -201,22 +212,77 @@ func TestWaitBetween(t *testing.T) {
 	}
 }
 
-func TestSchedstatWait(t *testing.T) {
-	if w, err := schedstatWait([]byte("855704 822385 14\n")); err != nil || w != 822385 {
-		t.Errorf("schedstatWait = %v, %v; want 822385ns, the second field", w, err)
-	}
-	for _, bad := range []string{"", "1 2", "1 2 3 4", "1 x 3", "1 -2 3"} {
-		if _, err := schedstatWait([]byte(bad)); err == nil {
-			t.Errorf("schedstatWait(%q): no error", bad)
+func TestParseSchedstat(t *testing.T) {
+	for _, line := range []string{"855704 822385 14\n", "855704 822385 14 99"} { // a later kernel may add fields
+		if on, w, err := parseSchedstat([]byte(line)); err != nil || on != 855704 || w != 822385 {
+			t.Errorf("parseSchedstat(%q) = %v, %v, %v; want 855704ns, 822385ns", line, on, w, err)
 		}
+	}
+	for _, bad := range []string{"", "1 2", "1 x 3", "1 -2 3", "y 2 3"} {
+		if _, _, err := parseSchedstat([]byte(bad)); err == nil {
+			t.Errorf("parseSchedstat(%q): no error", bad)
+		}
+	}
+}
+
+// TestTaskWaits reads made-up /proc trees: the threads' waits by id, a
+// thread that exited (no schedstat) and an entry that is not a thread left
+// out; no statistics (no schedstat file, or all zeros) is nil without an
+// error; a malformed line is an error that names the thread.
+func TestTaskWaits(t *testing.T) {
+	proc := func(process string, threads map[string]string) string {
+		dir := t.TempDir()
+		write := func(name, text string) {
+			if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if process != "" {
+			write("schedstat", process)
+		}
+		for tid, line := range threads {
+			if line == "" { // exited: its directory, no file
+				if err := os.MkdirAll(filepath.Join(dir, "task", tid), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				continue
+			}
+			write(filepath.Join("task", tid, "schedstat"), line)
+		}
+		return dir
+	}
+	got, err := taskWaits(proc("5 1 1\n", map[string]string{"100": "5 1 1\n", "101": "7 30 2\n", "102": "", "x": "9 9 9\n"}))
+	if err != nil || !reflect.DeepEqual(got, map[int]time.Duration{100: 1, 101: 30}) {
+		t.Errorf("taskWaits = %v, %v; want map[100:1ns 101:30ns]", got, err)
+	}
+	for name, dir := range map[string]string{
+		"no schedstat": proc("", map[string]string{"100": "5 1 1\n"}),
+		"all zeros":    proc("0 0 0\n", map[string]string{"100": "0 0 0\n", "101": "0 0 0\n"}),
+	} {
+		if got, err := taskWaits(dir); got != nil || err != nil {
+			t.Errorf("%s: taskWaits = %v, %v; want nil, nil (no statistics)", name, got, err)
+		}
+	}
+	if _, err := taskWaits(proc("5 1 1\n", map[string]string{"100": "5 1 1\n", "101": "7 x 2\n"})); err == nil || !strings.Contains(err.Error(), "thread 101") {
+		t.Errorf("a malformed thread line: error %v, want one naming thread 101", err)
+	}
+	if _, err := taskWaits(filepath.Join(t.TempDir(), "gone")); err == nil {
+		t.Errorf("taskWaits of a process that is gone: no error")
+	}
+	if _, err := procWait(1 << 30); err == nil {
+		t.Errorf("procWait of a non-existent pid: no error")
 	}
 }
 
 // TestProcWaitGrowsUnderContention: with twice as many busy threads as
 // CPUs, this process's threads wait on run queues about as long as they
-// run, and procWait sees it. Where the kernel keeps no scheduler statistics
-// the test fails: the probe would report no wait on this machine, and its
-// figures in the README come from one that does.
+// run, and procWait sees it. It compares two of the kernel's counters,
+// whose ratio the thread count sets, not a duration with a bound. Where the
+// kernel keeps no scheduler statistics the test fails: the wait figures
+// would be missing on this machine.
 func TestProcWaitGrowsUnderContention(t *testing.T) {
 	before, err := procWait(0)
 	if err != nil {
@@ -228,8 +294,8 @@ func TestProcWaitGrowsUnderContention(t *testing.T) {
 	if _, ok := before[os.Getpid()]; !ok {
 		t.Fatalf("procWait(self) = %v: lacks the main thread %d", before, os.Getpid())
 	}
-	// Twice as many threads running Go code as CPUs, each spinning until
-	// they have used 400 ms of CPU.
+	// Twice as many threads running Go code as CPUs, spinning until they
+	// have used 200 ms of CPU per CPU (many timeslices each).
 	n := 2 * runtime.NumCPU()
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(n))
 	stop := make(chan struct{})
@@ -253,7 +319,7 @@ func TestProcWaitGrowsUnderContention(t *testing.T) {
 		t.Fatal(err)
 	}
 	var used time.Duration
-	for used < 400*time.Millisecond {
+	for used < time.Duration(runtime.NumCPU())*200*time.Millisecond {
 		cpu, err := procCPU(0)
 		if err != nil {
 			t.Fatal(err)
