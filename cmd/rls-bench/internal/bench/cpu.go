@@ -35,6 +35,14 @@ func ParseCPUProbe(s string) (CPUProbe, error) {
 	return CPUProbe{Name: name, PID: n}, nil
 }
 
+// procName is a probe's process in /proc: its pid, or "self" for PID 0.
+func procName(pid int) string {
+	if pid > 0 {
+		return strconv.Itoa(pid)
+	}
+	return "self"
+}
+
 // clockTicks is USER_HZ, the unit of utime and stime in /proc/<pid>/stat; the
 // Linux kernel exports 100 on every architecture Go supports.
 const clockTicks = 100
@@ -42,10 +50,7 @@ const clockTicks = 100
 // procCPU returns the user + system CPU time a process has used so far
 // (all its threads), from /proc/<pid>/stat.
 func procCPU(pid int) (time.Duration, error) {
-	p := "self"
-	if pid > 0 {
-		p = strconv.Itoa(pid)
-	}
+	p := procName(pid)
 	b, err := os.ReadFile("/proc/" + p + "/stat")
 	if err != nil {
 		return 0, fmt.Errorf("read cpu time of process %s: %w", p, err)
@@ -101,10 +106,7 @@ func readProbes(probes []CPUProbe) ([]reading, error) {
 // returns nil, nil where the kernel keeps no such statistics (see
 // taskWaits). A thread that exits while it is read is left out.
 func procWait(pid int) (map[int]time.Duration, error) {
-	p := "self"
-	if pid > 0 {
-		p = strconv.Itoa(pid)
-	}
+	p := procName(pid)
 	w, err := taskWaits("/proc/" + p)
 	if err != nil {
 		return nil, fmt.Errorf("read run-queue wait of process %s: %w", p, err)
