@@ -64,7 +64,10 @@
 #   BENCH_RLS_ARGS   extra envoy-rls flags, e.g. "--redis.senders -1" (word-split)
 #   BENCH_RLS_ENV    extra environment of envoy-rls alone, e.g. "GOMAXPROCS=1"
 #                    (word-split, given to env(1))
-#   BENCH_REDIS      "single" (default): one redis-server; "cluster": a Redis
+#   BENCH_REDIS      "single" (default): one redis-server; "unix": the same,
+#                    reached over its Unix socket (envoy-rls on --redis.url
+#                    unix://..., the incumbent on REDIS_SOCKET_TYPE=unix), as
+#                    a Redis on the same host can be; "cluster": a Redis
 #                    Cluster of three masters (no replicas) made with
 #                    redis-cli --cluster create, envoy-rls on
 #                    --redis.cluster-addrs, and "redis µs/req" the sum over
@@ -119,9 +122,9 @@ BENCH_INCUMBENT="${BENCH_INCUMBENT:-}"
 BENCH_INCUMBENT_VERSION="${BENCH_INCUMBENT_VERSION:-v1.4.1-0.20260122083618-3fb702589d36}"
 BENCH_INCUMBENT_ENV="${BENCH_INCUMBENT_ENV:-}"
 case "$BENCH_REDIS" in
-single | cluster) ;;
+single | unix | cluster) ;;
 *)
-	printf 'bench: BENCH_REDIS=%s: want single or cluster\n' "$BENCH_REDIS" >&2
+	printf 'bench: BENCH_REDIS=%s: want single, unix or cluster\n' "$BENCH_REDIS" >&2
 	exit 2
 	;;
 esac
@@ -330,6 +333,14 @@ if [ "$needs_rls" = 1 ]; then
 			IFS=,
 			echo "${MASTERS[*]}"
 		)")
+	elif [ "$BENCH_REDIS" = unix ]; then
+		# Also on its TCP port, which the readiness probe uses.
+		REDIS_SOCK="$TMP/redis.sock"
+		[ "${#REDIS_SOCK}" -le 100 ] ||
+			die "the Unix socket's path $REDIS_SOCK is longer than a socket address allows: set TMPDIR to a shorter directory"
+		start_redis redis --unixsocket "$REDIS_SOCK" --unixsocketperm 700
+		REDIS_CPU+=(--cpu "redis=$REDIS_PID")
+		REDIS_FLAG=(--redis.url "unix://$REDIS_SOCK")
 	else
 		start_redis redis
 		REDIS_CPU+=(--cpu "redis=$REDIS_PID")
@@ -362,8 +373,9 @@ fi
 if [ -n "$INC_BIN" ]; then
 	# envoyproxy/ratelimit reads $RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/config/*.yaml:
 	# bench.yaml alone, as it is. Its settings are its defaults except the
-	# ports, Redis over TCP, no statsd to send to, and its local cache of
-	# over-limit keys (1 MiB) for the hot key.
+	# ports, Redis over TCP (or the Unix socket with BENCH_REDIS=unix), no
+	# statsd to send to, and its local cache of over-limit keys (1 MiB) for
+	# the hot key.
 	mkdir -p "$TMP/incumbent/ratelimit/config"
 	cp "$ROOT/testdata/bench/bench.yaml" "$TMP/incumbent/ratelimit/config/"
 	if [ "$BENCH_REDIS" = cluster ]; then
@@ -371,6 +383,8 @@ if [ -n "$INC_BIN" ]; then
 			IFS=,
 			echo "${MASTERS[*]}"
 		)")
+	elif [ "$BENCH_REDIS" = unix ]; then
+		INC_REDIS=(REDIS_SOCKET_TYPE=unix REDIS_TYPE=SINGLE "REDIS_URL=$REDIS_SOCK")
 	else
 		INC_REDIS=(REDIS_TYPE=SINGLE "REDIS_URL=127.0.0.1:$REDIS_PORT")
 	fi
@@ -389,7 +403,7 @@ if [ -n "$INC_BIN" ]; then
 	}
 	incumbent_ready() { http_ok "$INC_HTTP" /healthcheck; }
 	launch "envoyproxy/ratelimit" "$TMP/incumbent.log" start_incumbent incumbent_ready
-	log "envoyproxy/ratelimit ($INC_BIN) pid $INC_PID on :$INC_GRPC (http :$INC_HTTP)"
+	log "envoyproxy/ratelimit ($INC_BIN) pid $INC_PID on :$INC_GRPC (http :$INC_HTTP), redis ${INC_REDIS[*]}"
 fi
 
 # --- runs ----------------------------------------------------------------------

@@ -98,6 +98,38 @@ descriptors:
 	}
 }
 
+// TestServeOnRedisUnixSocket: with a unix:// --redis.url, serve counts on
+// a Redis on the same host over its socket, exactly.
+func TestServeOnRedisUnixSocket(t *testing.T) {
+	redis := testenv.RedisServer(t, testenv.WithUnixSocket())
+	r := serveOnRedis(t, redis, `
+domain: u
+descriptors:
+  - key: k
+    rate_limit: {unit: hour, requests_per_unit: 5}
+`, func(o *serveOptions) { o.store.redisURL = "unix://" + redis.Socket })
+	before := redis.CommandCalls(t)["fcall"]
+	ok := 0
+	for range 8 {
+		resp, err := r.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{
+			Domain: "u", Descriptors: []*commonrl.RateLimitDescriptor{desc("k", "v")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.OverallCode == rlsv3.RateLimitResponse_OK {
+			ok++
+		}
+	}
+	if ok != 5 {
+		t.Errorf("admitted %d of 8 under a limit of 5", ok)
+	}
+	// The deny cache is off (serveOnRedis's default), so every request
+	// was a check call in Redis.
+	if got := redis.CommandCalls(t)["fcall"] - before; got != 8 {
+		t.Errorf("Redis ran %d check calls (FCALL) for 8 requests, want 8", got)
+	}
+}
+
 // TestServeOnRedisHostileCounts: large counts get the answers the README
 // promises, on the Redis backend as on the memory one, not an Internal error
 // (which Envoy would treat by its failure mode, by default letting the

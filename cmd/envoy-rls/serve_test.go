@@ -295,23 +295,43 @@ func TestGCPercent(t *testing.T) {
 	}
 }
 
-// TestServeRejectsBadFlags: serve refuses a --redis.tls.key without its
-// certificate, with the flag's name, before it listens or connects. (Values
+// TestServeRejectsBadFlags: serve refuses, with the flags' names, before it
+// listens or connects, a --redis.tls.key without its certificate and TLS
+// for a Redis on a Unix socket (which Redis serves without TLS). (Values
 // out of their range are refused earlier, by parseServeFlags:
 // TestServeFlagsOutOfRange.)
 func TestServeRejectsBadFlags(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "ok.yaml"), "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	o := serveOptions{configDir: dir, headers: "ietf", grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0"}
-	o.store.redisURL = "redis://127.0.0.1:1"
-	o.store.redisTLSKey = "client.key" // without --redis.tls.cert: was ignored
-	// A bound, not synchronisation: a flag accepted by mistake would serve
-	// until the context ends.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := serve(ctx, o, log, nil, nil); err == nil || !strings.Contains(err.Error(), "--redis.tls") {
-		t.Errorf("serve with --redis.tls.key and no certificate: %v, want an error naming the flag", err)
+	for _, tc := range []struct {
+		name string
+		set  func(*storeOptions)
+		want []string
+	}{
+		{"key without certificate", func(s *storeOptions) {
+			s.redisURL = "redis://127.0.0.1:1"
+			s.redisTLSKey = "client.key" // without --redis.tls.cert: was ignored
+		}, []string{"--redis.tls"}},
+		{"TLS on a Unix socket", func(s *storeOptions) {
+			s.redisURL = "unix:///run/redis/redis.sock"
+			s.redisTLSInsecure = true
+		}, []string{"--redis.url /run/redis/redis.sock is a Unix socket", "--redis.tls"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := serveOptions{configDir: dir, headers: "ietf", grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0"}
+			tc.set(&o.store)
+			// A bound, not synchronisation: a flag accepted by mistake
+			// would serve until the context ends.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			err := serve(ctx, o, log, nil, nil)
+			for _, w := range tc.want {
+				if err == nil || !strings.Contains(err.Error(), w) {
+					t.Errorf("serve: %v, want an error with %q", err, w)
+				}
+			}
+		})
 	}
 }
 

@@ -39,7 +39,7 @@ type storeOptions struct {
 }
 
 func (o *storeOptions) register(fs *flag.FlagSet) {
-	fs.StringVar(&o.redisURL, "redis.url", "", "single-node Redis: redis://[user:password@]host:port[/db] or rediss:// for TLS; empty with no other --redis.* topology runs on the in-memory backend")
+	fs.StringVar(&o.redisURL, "redis.url", "", "single-node Redis: redis://[user:password@]host:port[/db], rediss:// for TLS, or unix:///path/to/redis.sock[?db=N] for a Redis on the same host; empty with no other --redis.* topology runs on the in-memory backend")
 	fs.Var(&o.redisClusterAddrs, "redis.cluster-addrs", "Redis Cluster seed nodes, host:port,host:port")
 	fs.Var(&o.redisSentinelAddrs, "redis.sentinel-addrs", "Redis Sentinel addresses, host:port,host:port (with --redis.sentinel-master)")
 	fs.StringVar(&o.redisSentinelMaster, "redis.sentinel-master", "", "the master name Sentinel monitors")

@@ -38,7 +38,7 @@ func TestMakeBench(t *testing.T) {
 		}
 	}
 	want = append(want, row{"do-nothing, open", 64}, row{"open loop, 3 desc", 64})
-	_, rs := runBench(t, want, "BENCH_CALLERS=2 8", "BENCH_RATE=1000")
+	_, _, rs := runBench(t, want, "BENCH_CALLERS=2 8", "BENCH_RATE=1000")
 
 	// Every closed-loop row is reported against the do-nothing server's
 	// run with as many descriptors per request and callers.
@@ -65,7 +65,7 @@ func TestMakeBench(t *testing.T) {
 // µs/req" is then the masters' CPU added up.
 func TestMakeBenchCluster(t *testing.T) {
 	want := []row{{"1 key", 4}, {"3 desc, 100k", 4}, {"hot key (over)", 4}}
-	stdout, _ := runBench(t, want, "BENCH_REDIS=cluster", "BENCH_SCENARIOS=one-key three-desc hot-key", "BENCH_CALLERS=4")
+	stdout, _, _ := runBench(t, want, "BENCH_REDIS=cluster", "BENCH_SCENARIOS=one-key three-desc hot-key", "BENCH_CALLERS=4")
 	if !strings.Contains(stdout, "Redis: cluster") {
 		t.Errorf("the table's header does not say Redis: cluster:\n%s", stdout)
 	}
@@ -84,10 +84,29 @@ func TestMakeBenchIncumbent(t *testing.T) {
 		want = append(want, row{l, 4}, row{incumbentPrefix + l, 4})
 	}
 	want = append(want, row{"3 desc fixed, 100k", 4}, row{"4 limits, 100k", 4})
-	stdout, _ := runBench(t, want, "BENCH_INCUMBENT=1", "BENCH_CALLERS=4",
+	stdout, _, _ := runBench(t, want, "BENCH_INCUMBENT=1", "BENCH_CALLERS=4",
 		"BENCH_SCENARIOS=one-key three-desc three-desc-fixed four-limits hot-key")
 	if !strings.Contains(stdout, "envoyproxy/ratelimit v") {
 		t.Errorf("the table's header does not name the incumbent's version:\n%s", stdout)
+	}
+}
+
+// TestMakeBenchUnix: with BENCH_REDIS=unix envoy-rls and the incumbent
+// reach the script's redis-server over its Unix socket (the script's log
+// names both settings), and decide as on TCP.
+func TestMakeBenchUnix(t *testing.T) {
+	var want []row
+	for _, l := range []string{"1 key", "hot key (over)"} {
+		want = append(want, row{l, 4}, row{incumbentPrefix + l, 4})
+	}
+	stdout, stderr, _ := runBench(t, want, "BENCH_REDIS=unix", "BENCH_INCUMBENT=1", "BENCH_CALLERS=4", "BENCH_SCENARIOS=one-key hot-key")
+	if !strings.Contains(stdout, "Redis: unix") {
+		t.Errorf("the table's header does not say Redis: unix:\n%s", stdout)
+	}
+	for _, w := range []string{"--redis.url unix://", "REDIS_SOCKET_TYPE=unix"} {
+		if !strings.Contains(stderr, w) {
+			t.Errorf("the script's log does not show %q:\n%s", w, stderr)
+		}
 	}
 }
 
@@ -103,8 +122,8 @@ type row struct {
 // runBench runs scripts/bench.sh with runs of 0.3 s, no warm-up, one round
 // and env, checks that it reported exactly the rows of want and checks each
 // (see TestMakeBench). It returns the script's standard output and the
-// results it wrote.
-func runBench(t *testing.T, want []row, env ...string) (string, []*bench.Result) {
+// results it wrote, and its standard error (the log).
+func runBench(t *testing.T, want []row, env ...string) (stdoutText, stderrText string, results []*bench.Result) {
 	t.Helper()
 	root, err := testenv.RepoRoot()
 	if err != nil {
@@ -210,5 +229,5 @@ func runBench(t *testing.T, want []row, env ...string) (string, []*bench.Result)
 				server, ok, over, limit)
 		}
 	}
-	return stdout.String(), rs
+	return stdout.String(), stderr.String(), rs
 }

@@ -46,6 +46,7 @@ type RedisOption func(*redisConfig)
 type redisConfig struct {
 	args     []string
 	password string
+	socket   bool
 }
 
 // WithArgs appends extra command-line arguments to redis-server, for example
@@ -62,6 +63,12 @@ func WithPassword(password string) RedisOption {
 		c.password = password
 		c.args = append(c.args, "--requirepass", password)
 	}
+}
+
+// WithUnixSocket makes redis-server listen on a Unix socket as well as on its
+// TCP port; Redis.Socket is its path.
+func WithUnixSocket() RedisOption {
+	return func(c *redisConfig) { c.socket = true }
 }
 
 // WithReplicaOf starts redis-server as a replica of the server at addr
@@ -84,6 +91,9 @@ type Redis struct {
 	Addr string
 	// Port is the TCP port the server listens on.
 	Port int
+	// Socket is the path of the server's Unix socket, "" unless started
+	// WithUnixSocket.
+	Socket string
 
 	t        testing.TB
 	name     string
@@ -124,7 +134,19 @@ func RedisServer(t testing.TB, opts ...RedisOption) *Redis {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	return startNode(t, nodeSpec{
+	socket := ""
+	if cfg.socket {
+		// A socket's path is limited to about 100 bytes (sun_path), which
+		// a directory named after a long test could exceed.
+		dir, err := os.MkdirTemp("", "rls-redis-")
+		if err != nil {
+			t.Fatalf("testenv: directory for a Unix socket: %v", err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		socket = filepath.Join(dir, "redis.sock")
+		cfg.args = append(cfg.args, "--unixsocket", socket, "--unixsocketperm", "700")
+	}
+	r := startNode(t, nodeSpec{
 		name:     "redis-server",
 		bin:      redisServerBinary(t),
 		password: cfg.password,
@@ -132,6 +154,8 @@ func RedisServer(t testing.TB, opts ...RedisOption) *Redis {
 			return append(baseRedisArgs(port, dir), cfg.args...), nil
 		},
 	})
+	r.Socket = socket
+	return r
 }
 
 // baseRedisArgs are the arguments every data-holding redis-server gets.

@@ -5,6 +5,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -37,6 +38,9 @@ func TestOptionsValidation(t *testing.T) {
 		{"sentinel without master", Options{SentinelAddrs: []string{"a:1"}}, []string{"--redis.sentinel-master is required"}},
 		{"master without sentinels", Options{URL: "redis://x:1", SentinelMaster: "m"}, []string{"--redis.sentinel-addrs is empty"}},
 		{"bad url", Options{URL: "http://x:1"}, []string{"--redis.url"}},
+		{"unix socket", Options{URL: "unix:///run/redis/redis.sock?db=2"}, nil},
+		{"unix socket without a path", Options{URL: "unix://"}, []string{"--redis.url", "empty unix socket path"}},
+		{"unix socket with TLS", Options{URL: "unix:///run/redis/redis.sock", TLS: &tls.Config{}}, []string{"--redis.url /run/redis/redis.sock is a Unix socket", "remove the --redis.tls.* flags"}},
 		{"empty address", Options{ClusterAddrs: []string{"a:1", " "}}, []string{"empty addresses"}},
 		{"brace prefix", Options{URL: "redis://x:1", KeyPrefix: "a{b}:"}, []string{"--redis.key-prefix"}},
 		{"negative pool", Options{URL: "redis://x:1", PoolSize: -1}, []string{"--redis.pool-size -1 is negative"}},

@@ -27,7 +27,14 @@ func (p *prefixes) next() string { return fmt.Sprintf("t%d:", p.n.Add(1)) }
 // test ends.
 func newSingle(t testing.TB, r *testenv.Redis, prefix string, now func() time.Time) *Backend {
 	t.Helper()
-	b, err := New(Options{URL: "redis://" + r.Addr, KeyPrefix: prefix, Now: now, Timeout: testTimeout})
+	return newOnURL(t, "redis://"+r.Addr, prefix, now)
+}
+
+// newOnURL returns a Backend on the single node at url, closed when the test
+// ends.
+func newOnURL(t testing.TB, url, prefix string, now func() time.Time) *Backend {
+	t.Helper()
+	b, err := New(Options{URL: url, KeyPrefix: prefix, Now: now, Timeout: testTimeout})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

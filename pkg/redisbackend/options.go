@@ -27,8 +27,9 @@ const (
 // Options configures New. Exactly one of URL, ClusterAddrs and SentinelAddrs
 // selects the topology.
 type Options struct {
-	// URL of a single Redis node: redis://[user:password@]host:port[/db]
-	// or rediss:// for TLS (flag --redis.url).
+	// URL of a single Redis node: redis://[user:password@]host:port[/db],
+	// rediss:// for TLS, or unix:///path/to/redis.sock[?db=N] for a Redis on
+	// the same host, over its Unix socket (flag --redis.url).
 	URL string
 	// ClusterAddrs are seed addresses (host:port) of a Redis Cluster
 	// (flag --redis.cluster-addrs).
@@ -220,6 +221,11 @@ func (o *Options) newClient(topo topology) (redis.UniversalClient, error) {
 		ro, err := redis.ParseURL(o.URL)
 		if err != nil {
 			return nil, fmt.Errorf("--redis.url: %w", err)
+		}
+		// Redis serves TLS on its TCP tls-port only: a handshake on its
+		// Unix socket would fail at every connection, so say why at start.
+		if ro.Network == "unix" && o.TLS != nil {
+			return nil, fmt.Errorf("--redis.url %s is a Unix socket, which Redis serves without TLS: remove the --redis.tls.* flags", ro.Addr)
 		}
 		if o.Username != "" {
 			ro.Username = o.Username
