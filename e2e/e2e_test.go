@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -198,6 +199,29 @@ func TestPerIPLimitThroughEnvoy(t *testing.T) {
 			t.Errorf("Retry-After %d is before x-ratelimit-reset %d", p.RetryAfter, reset)
 		}
 		t.Logf("429 through Envoy: %v", r)
+	}
+}
+
+// TestThroughEnvoyOverUnixSockets: Envoy reaches envoy-rls through a pipe
+// address (--grpc.addr unix:...), and envoy-rls reaches Redis through its
+// Unix socket (--redis.url unix://...), as on one host: the per-IP limit
+// holds exactly, counted in that Redis.
+func TestThroughEnvoyOverUnixSockets(t *testing.T) {
+	redis := testenv.RedisServer(t, testenv.WithUnixSocket())
+	dir, err := os.MkdirTemp("", "rls-e2e-") // a short path: sun_path holds about 100 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	r := startRLS(t, rlsOptions{RedisURL: "unix://" + redis.Socket, GRPCAddr: "unix:" + filepath.Join(dir, "rls.sock")})
+	e := startEnvoy(t, r.GRPCAddr)
+	before := redis.CommandCalls(t)["fcall"]
+	for i := 1; i <= perIP; i++ {
+		checkOK(t, get(t, e.URL, "/"), "per_ip", perIP, perIP-i)
+	}
+	checkLimited(t, get(t, e.URL, "/"), "per_ip", perIP)
+	if got := redis.CommandCalls(t)["fcall"] - before; got < perIP+1 {
+		t.Errorf("Redis ran %d check calls for %d requests, want at least one each", got, perIP+1)
 	}
 }
 

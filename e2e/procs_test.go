@@ -17,6 +17,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/envoy-rls/envoy-rls/internal/listen"
 	"github.com/envoy-rls/envoy-rls/internal/testenv"
 )
 
@@ -144,6 +145,12 @@ type rlsOptions struct {
 	ConfigDir string
 	// Redis is the Redis address (host:port); empty runs in memory.
 	Redis string
+	// RedisURL, when set, is the --redis.url itself (unix://...), instead
+	// of Redis.
+	RedisURL string
+	// GRPCAddr, when set, is the --grpc.addr (unix:/path), instead of a free
+	// loopback port.
+	GRPCAddr string
 	// Args are extra flags.
 	Args []string
 }
@@ -154,14 +161,20 @@ func startRLS(t testing.TB, o rlsOptions) *rls {
 	if o.ConfigDir == "" {
 		o.ConfigDir = filepath.Join(repoRoot(t), "e2e", "testdata", "config")
 	}
-	r := &rls{GRPCAddr: testenv.FreeAddr(t), HTTPAddr: testenv.FreeAddr(t)}
+	r := &rls{GRPCAddr: o.GRPCAddr, HTTPAddr: testenv.FreeAddr(t)}
+	if r.GRPCAddr == "" {
+		r.GRPCAddr = testenv.FreeAddr(t)
+	}
 	args := []string{envoyRLSBinary(t), "serve",
 		"--config.dir", o.ConfigDir,
 		"--grpc.addr", r.GRPCAddr,
 		"--http.addr", r.HTTPAddr,
 		"--debug.addr", testenv.FreeAddr(t),
 	}
-	if o.Redis != "" {
+	switch {
+	case o.RedisURL != "":
+		args = append(args, "--redis.url", o.RedisURL)
+	case o.Redis != "":
 		args = append(args, "--redis.url", "redis://"+o.Redis)
 	}
 	args = append(args, o.Args...)
@@ -181,23 +194,30 @@ type envoy struct {
 
 // startEnvoy runs the shipped envoy/envoy.yaml with its listeners, admin and
 // the envoy_rls cluster moved to loopback ports (the cluster to
-// rlsGRPCAddr), and waits until the admin API reports it ready.
+// rlsGRPCAddr: host:port, or unix:/path for a pipe address), and waits until
+// the admin API reports it ready.
 func startEnvoy(t testing.TB, rlsGRPCAddr string) *envoy {
 	t.Helper()
 	edge, backend, admin := testenv.FreePort(t), testenv.FreePort(t), testenv.FreePort(t)
-	host, port, err := net.SplitHostPort(rlsGRPCAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rlsPort, err := strconv.Atoi(port)
-	if err != nil {
-		t.Fatal(err)
+	ports := envoyPorts{Admin: admin, Edge: edge, Backend: backend, RLSTimeout: testRLSTimeout}
+	if listen.IsUnix(rlsGRPCAddr) {
+		pipe, err := listen.UnixPath(rlsGRPCAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ports.RLSPipe = pipe
+	} else {
+		host, port, err := net.SplitHostPort(rlsGRPCAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ports.RLSPort, err = strconv.Atoi(port); err != nil {
+			t.Fatal(err)
+		}
+		ports.RLSHost = host
 	}
 	path := filepath.Join(t.TempDir(), "envoy.yaml")
-	if err := rewriteEnvoyConfig(envoyYAML(t), path, envoyPorts{
-		Admin: admin, Edge: edge, Backend: backend, RLSHost: host, RLSPort: rlsPort,
-		RLSTimeout: testRLSTimeout,
-	}); err != nil {
+	if err := rewriteEnvoyConfig(envoyYAML(t), path, ports); err != nil {
 		t.Fatal(err)
 	}
 	// The rewritten file must still pass the static checks.
@@ -214,11 +234,14 @@ func startEnvoy(t testing.TB, rlsGRPCAddr string) *envoy {
 	return e
 }
 
-// envoyPorts are the loopback addresses rewriteEnvoyConfig sets.
+// envoyPorts are the loopback addresses (and the pipe) rewriteEnvoyConfig sets.
 type envoyPorts struct {
 	Admin, Edge, Backend int
 	RLSHost              string
 	RLSPort              int
+	// RLSPipe, when set, is the Unix socket of envoy-rls, instead of
+	// RLSHost:RLSPort.
+	RLSPipe string
 	// RLSTimeout, when set, replaces the ratelimit filter's timeout.
 	RLSTimeout time.Duration
 }
@@ -233,7 +256,8 @@ const testRLSTimeout = 10 * time.Second
 
 // rewriteEnvoyConfig decodes the Envoy YAML at src, moves admin, the edge and
 // backend listeners, the backend cluster and the envoy_rls cluster (made
-// STATIC) to the given loopback addresses, and writes the result to dst.
+// STATIC) to the given loopback addresses (envoy_rls to a pipe address if
+// RLSPipe is set), and writes the result to dst.
 func rewriteEnvoyConfig(src, dst string, p envoyPorts) error {
 	b, err := os.ReadFile(src)
 	if err != nil {
@@ -268,9 +292,13 @@ func rewriteEnvoyConfig(src, dst string, p envoyPorts) error {
 		}
 		l["address"] = sock("127.0.0.1", port)
 	}
+	rlsAddr := sock(p.RLSHost, p.RLSPort)
+	if p.RLSPipe != "" {
+		rlsAddr = map[string]any{"pipe": map[string]any{"path": p.RLSPipe}}
+	}
 	for name, addr := range map[string]map[string]any{
 		"backend":   sock("127.0.0.1", p.Backend),
-		"envoy_rls": sock(p.RLSHost, p.RLSPort),
+		"envoy_rls": rlsAddr,
 	} {
 		c, ok := clusters[name]
 		if !ok {

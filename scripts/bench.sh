@@ -72,6 +72,11 @@
 #                    redis-cli --cluster create, envoy-rls on
 #                    --redis.cluster-addrs, and "redis µs/req" the sum over
 #                    the three masters
+#   BENCH_GRPC       "tcp" (default): the generator calls the servers (envoy-rls,
+#                    the do-nothing server, the incumbent) on loopback TCP
+#                    ports; "unix": on Unix sockets (envoy-rls --grpc.addr
+#                    unix:..., the incumbent's GRPC_UDS), as an Envoy on the
+#                    same host can (a pipe address)
 #   BENCH_SERVER_HISTOGRAM  the envoy-rls histogram behind "server p50/p99 ms"
 #                    (default envoy_rls_request_duration_seconds;
 #                    envoy_rls_store_duration_seconds shows the wait for Redis)
@@ -118,6 +123,7 @@ BENCH_RLS_ARGS="${BENCH_RLS_ARGS:-}"
 BENCH_RLS_ENV="${BENCH_RLS_ENV:-}"
 BENCH_SERVER_HISTOGRAM="${BENCH_SERVER_HISTOGRAM:-envoy_rls_request_duration_seconds}"
 BENCH_REDIS="${BENCH_REDIS:-single}"
+BENCH_GRPC="${BENCH_GRPC:-tcp}"
 BENCH_INCUMBENT="${BENCH_INCUMBENT:-}"
 BENCH_INCUMBENT_VERSION="${BENCH_INCUMBENT_VERSION:-v1.4.1-0.20260122083618-3fb702589d36}"
 BENCH_INCUMBENT_ENV="${BENCH_INCUMBENT_ENV:-}"
@@ -125,6 +131,13 @@ case "$BENCH_REDIS" in
 single | unix | cluster) ;;
 *)
 	printf 'bench: BENCH_REDIS=%s: want single, unix or cluster\n' "$BENCH_REDIS" >&2
+	exit 2
+	;;
+esac
+case "$BENCH_GRPC" in
+tcp | unix) ;;
+*)
+	printf 'bench: BENCH_GRPC=%s: want tcp or unix\n' "$BENCH_GRPC" >&2
 	exit 2
 	;;
 esac
@@ -271,13 +284,40 @@ if [ -n "$INC_BIN" ] && [ "$needs_rls" = 0 ]; then
 fi
 
 # --- servers -------------------------------------------------------------------
+# socket NAME: the path of a Unix socket in $TMP, or the script stops if it is
+# longer than a socket address holds.
+socket() {
+	local path="$TMP/$1.sock"
+	[ "${#path}" -le 100 ] ||
+		die "the Unix socket's path $path is longer than a socket address allows: set TMPDIR to a shorter directory"
+	printf '%s' "$path"
+}
+# grpc_addr NAME: a gRPC address for a server, on a free loopback port or
+# (BENCH_GRPC=unix) a Unix socket; grpc_ready ADDR: it accepts.
+grpc_addr() {
+	if [ "$BENCH_GRPC" = unix ]; then
+		local path
+		path="$(socket "$1")" || exit 1
+		printf 'unix:%s' "$path"
+	else
+		local port
+		port="$(free_port)" || exit 1
+		printf '127.0.0.1:%s' "$port"
+	fi
+}
+grpc_ready() {
+	case "$1" in
+	unix:*) [ -S "${1#unix:}" ] ;;
+	*) tcp_open "${1##*:}" ;;
+	esac
+}
 start_noop() {
-	NOOP_PORT="$(free_port)"
-	"$BIN/rls-bench" serve-noop --addr "127.0.0.1:$NOOP_PORT" >"$TMP/noop.log" 2>&1 &
+	NOOP_ADDR="$(grpc_addr noop)"
+	"$BIN/rls-bench" serve-noop --addr "$NOOP_ADDR" >"$TMP/noop.log" 2>&1 &
 	NOOP_PID=$!
 	LAUNCHED_PID=$NOOP_PID
 }
-noop_ready() { tcp_open "$NOOP_PORT"; }
+noop_ready() { grpc_ready "$NOOP_ADDR"; }
 launch "rls-bench serve-noop" "$TMP/noop.log" start_noop noop_ready
 
 # start_redis NAME ARGS...: a throwaway redis-server on a free port; sets
@@ -335,9 +375,7 @@ if [ "$needs_rls" = 1 ]; then
 		)")
 	elif [ "$BENCH_REDIS" = unix ]; then
 		# Also on its TCP port, which the readiness probe uses.
-		REDIS_SOCK="$TMP/redis.sock"
-		[ "${#REDIS_SOCK}" -le 100 ] ||
-			die "the Unix socket's path $REDIS_SOCK is longer than a socket address allows: set TMPDIR to a shorter directory"
+		REDIS_SOCK="$(socket redis)"
 		start_redis redis --unixsocket "$REDIS_SOCK" --unixsocketperm 700
 		REDIS_CPU+=(--cpu "redis=$REDIS_PID")
 		REDIS_FLAG=(--redis.url "unix://$REDIS_SOCK")
@@ -350,12 +388,12 @@ if [ "$needs_rls" = 1 ]; then
 	mkdir -p "$TMP/config"
 	cp "$ROOT"/testdata/bench/*.yaml "$TMP/config/"
 	start_rls() {
-		RLS_GRPC="$(free_port)"
+		RLS_ADDR="$(grpc_addr envoy-rls)"
 		RLS_HTTP="$(free_port)"
 		RLS_DEBUG="$(free_port)"
 		env $BENCH_RLS_ENV "$BIN/envoy-rls" serve \
 			--config.dir "$TMP/config" \
-			--grpc.addr "127.0.0.1:$RLS_GRPC" \
+			--grpc.addr "$RLS_ADDR" \
 			--http.addr "127.0.0.1:$RLS_HTTP" \
 			--debug.addr "127.0.0.1:$RLS_DEBUG" \
 			"${REDIS_FLAG[@]}" \
@@ -367,7 +405,7 @@ if [ "$needs_rls" = 1 ]; then
 	}
 	rls_ready() { http_ok "$RLS_HTTP" /readyz; }
 	launch envoy-rls "$TMP/envoy-rls.log" start_rls rls_ready
-	log "redis ($BENCH_REDIS) ${REDIS_FLAG[*]}, envoy-rls pid $RLS_PID on :$RLS_GRPC (http :$RLS_HTTP), do-nothing pid $NOOP_PID on :$NOOP_PORT"
+	log "redis ($BENCH_REDIS) ${REDIS_FLAG[*]}, envoy-rls pid $RLS_PID on $RLS_ADDR (http :$RLS_HTTP), do-nothing pid $NOOP_PID on $NOOP_ADDR"
 fi
 
 if [ -n "$INC_BIN" ]; then
@@ -379,23 +417,31 @@ if [ -n "$INC_BIN" ]; then
 	mkdir -p "$TMP/incumbent/ratelimit/config"
 	cp "$ROOT/testdata/bench/bench.yaml" "$TMP/incumbent/ratelimit/config/"
 	if [ "$BENCH_REDIS" = cluster ]; then
-		INC_REDIS=(REDIS_TYPE=CLUSTER "REDIS_URL=$(
+		INC_REDIS=(REDIS_SOCKET_TYPE=tcp REDIS_TYPE=CLUSTER "REDIS_URL=$(
 			IFS=,
 			echo "${MASTERS[*]}"
 		)")
 	elif [ "$BENCH_REDIS" = unix ]; then
 		INC_REDIS=(REDIS_SOCKET_TYPE=unix REDIS_TYPE=SINGLE "REDIS_URL=$REDIS_SOCK")
 	else
-		INC_REDIS=(REDIS_TYPE=SINGLE "REDIS_URL=127.0.0.1:$REDIS_PORT")
+		INC_REDIS=(REDIS_SOCKET_TYPE=tcp REDIS_TYPE=SINGLE "REDIS_URL=127.0.0.1:$REDIS_PORT")
 	fi
 	start_incumbent() {
-		INC_GRPC="$(free_port)"
+		INC_ADDR="$(grpc_addr incumbent)"
+		if [ "$BENCH_GRPC" = unix ]; then
+			# It neither replaces nor removes a socket file: one left by
+			# an earlier attempt would fail this one.
+			rm -f "${INC_ADDR#unix:}"
+			INC_GRPC=("GRPC_UDS=${INC_ADDR#unix:}")
+		else
+			INC_GRPC=(GRPC_HOST=127.0.0.1 "GRPC_PORT=${INC_ADDR##*:}")
+		fi
 		INC_HTTP="$(free_port)"
 		INC_DEBUG="$(free_port)"
 		env USE_STATSD=false LOG_LEVEL=warn \
 			RUNTIME_ROOT="$TMP/incumbent" RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_WATCH_ROOT=false \
-			REDIS_SOCKET_TYPE=tcp "${INC_REDIS[@]}" LOCAL_CACHE_SIZE_IN_BYTES=1048576 \
-			GRPC_HOST=127.0.0.1 GRPC_PORT="$INC_GRPC" HOST=127.0.0.1 PORT="$INC_HTTP" \
+			"${INC_REDIS[@]}" LOCAL_CACHE_SIZE_IN_BYTES=1048576 \
+			"${INC_GRPC[@]}" HOST=127.0.0.1 PORT="$INC_HTTP" \
 			DEBUG_HOST=127.0.0.1 DEBUG_PORT="$INC_DEBUG" \
 			$BENCH_INCUMBENT_ENV "$INC_BIN" >"$TMP/incumbent.log" 2>&1 &
 		INC_PID=$!
@@ -403,7 +449,7 @@ if [ -n "$INC_BIN" ]; then
 	}
 	incumbent_ready() { http_ok "$INC_HTTP" /healthcheck; }
 	launch "envoyproxy/ratelimit" "$TMP/incumbent.log" start_incumbent incumbent_ready
-	log "envoyproxy/ratelimit ($INC_BIN) pid $INC_PID on :$INC_GRPC (http :$INC_HTTP), redis ${INC_REDIS[*]}"
+	log "envoyproxy/ratelimit ($INC_BIN) pid $INC_PID on $INC_ADDR (${INC_GRPC[*]}, http :$INC_HTTP), redis ${INC_REDIS[*]}"
 fi
 
 # --- runs ----------------------------------------------------------------------
@@ -425,7 +471,7 @@ bench() {
 # rls_only LABEL ARGS...: one run against envoy-rls alone (what the
 # incumbent cannot express).
 rls_only() {
-	bench "$@" --addr "127.0.0.1:$RLS_GRPC" --cpu "rls=$RLS_PID" "${REDIS_CPU[@]}" \
+	bench "$@" --addr "$RLS_ADDR" --cpu "rls=$RLS_PID" "${REDIS_CPU[@]}" \
 		--server-metrics "http://127.0.0.1:$RLS_HTTP/metrics" --server-histogram "$BENCH_SERVER_HISTOGRAM"
 }
 
@@ -436,7 +482,7 @@ rls() {
 	if [ -n "$INC_BIN" ]; then
 		local label="$1"
 		shift
-		bench "ratelimit: $label" "$@" --addr "127.0.0.1:$INC_GRPC" --cpu "rls=$INC_PID" "${REDIS_CPU[@]}"
+		bench "ratelimit: $label" "$@" --addr "$INC_ADDR" --cpu "rls=$INC_PID" "${REDIS_CPU[@]}"
 	fi
 }
 
@@ -446,9 +492,9 @@ FOUR=(--descriptor 'remote_address=10.{i}' --descriptor 'plan=p{i%10},user=u{i}'
 for round in $(seq 1 "$BENCH_REPEAT"); do
 	for c in $BENCH_CALLERS; do
 		if want ceiling; then
-			bench "do-nothing" --addr "127.0.0.1:$NOOP_PORT" --is-ceiling --concurrency "$c" \
+			bench "do-nothing" --addr "$NOOP_ADDR" --is-ceiling --concurrency "$c" \
 				--descriptor 'remote_address=10.{i}' --cpu "rls=$NOOP_PID"
-			bench "do-nothing, 3 desc" --addr "127.0.0.1:$NOOP_PORT" --is-ceiling --concurrency "$c" \
+			bench "do-nothing, 3 desc" --addr "$NOOP_ADDR" --is-ceiling --concurrency "$c" \
 				"${THREE[@]}" --cardinality 100000 --cpu "rls=$NOOP_PID"
 		fi
 		if want one-key; then
@@ -471,7 +517,7 @@ for round in $(seq 1 "$BENCH_REPEAT"); do
 		fi
 	done
 	if want open-loop; then
-		bench "do-nothing, open" --addr "127.0.0.1:$NOOP_PORT" --rate "$BENCH_RATE" --concurrency "$BENCH_OPEN_CALLERS" \
+		bench "do-nothing, open" --addr "$NOOP_ADDR" --rate "$BENCH_RATE" --concurrency "$BENCH_OPEN_CALLERS" \
 			"${THREE[@]}" --cardinality 100000 --cpu "rls=$NOOP_PID"
 		rls "open loop, 3 desc" --domain bench --rate "$BENCH_RATE" --concurrency "$BENCH_OPEN_CALLERS" "${THREE[@]}" --cardinality 100000
 	fi
@@ -488,5 +534,5 @@ if [ "$BENCH_INCUMBENT" = 1 ]; then
 elif [ -n "$INC_BIN" ]; then
 	incumbent=", envoyproxy/ratelimit $INC_BIN"
 fi
-echo "envoy-rls bench: $(nproc 2>/dev/null || echo '?') CPUs (load average at the end: $load), Redis: $BENCH_REDIS$incumbent, medians of ${BENCH_REPEAT} rounds of ${BENCH_DURATION} measured after ${BENCH_WARMUP} warm-up, ${BENCH_CONNECTIONS} connections; latencies in ms"
+echo "envoy-rls bench: $(nproc 2>/dev/null || echo '?') CPUs (load average at the end: $load), Redis: $BENCH_REDIS, gRPC: $BENCH_GRPC$incumbent, medians of ${BENCH_REPEAT} rounds of ${BENCH_DURATION} measured after ${BENCH_WARMUP} warm-up, ${BENCH_CONNECTIONS} connections; latencies in ms"
 "$BIN/rls-bench" report --median "$RESULTS"

@@ -105,6 +105,8 @@ func TestServeFlagsOutOfRange(t *testing.T) {
 		{args: []string{"--redis.url", "redis://h:1", "--redis.spare-after", "-1ms"}, want: "--redis.spare-after -1ms: must be 0 or more"},
 		{env: map[string]string{"ENVOY_RLS_REDIS_SENTINEL_MASTER": "mymaster"}, want: "--redis.sentinel-master set, but no Redis to connect to"},
 		{args: []string{"--redis.password", "x", "--redis.tls.ca", "ca.pem"}, want: "--redis.password, --redis.tls.ca set, but no Redis"},
+		{args: []string{"--grpc.socket-mode", "0660"}, want: "--grpc.socket-mode is set, but --grpc.addr :8081 is no Unix socket"},
+		{env: map[string]string{"ENVOY_RLS_GRPC_SOCKET_MODE": "0660"}, want: "--grpc.socket-mode is set, but --grpc.addr"},
 	} {
 		lookup := func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }
 		_, err := parseServeFlags(tc.args, io.Discard, lookup)
@@ -118,9 +120,31 @@ func TestServeFlagsOutOfRange(t *testing.T) {
 		{"--shutdown.drain-timeout", "0s", "--metrics.near-limit-ratio", "0", "--deny-cache.max-entries", "0"},
 		{"--metrics.near-limit-ratio", "1", "--debug.top-capacity", "1", "--redis.sentinel-addrs", "h:26379", "--redis.sentinel-master", "m"},
 		{"--grpc.stream-workers", "0", "--grpc.conn-window", "65535", "--runtime.gc-percent", "1"},
+		{"--grpc.addr", "unix:/run/rls.sock", "--grpc.socket-mode", "0600"},
 	} {
 		if _, err := parseServeFlags(args, io.Discard, func(string) (string, bool) { return "", false }); err != nil {
 			t.Errorf("%q: %v", args, err)
+		}
+	}
+}
+
+// TestGRPCSocketModeFlag: --grpc.socket-mode is read in octal, defaults to
+// 0666, and a value that is no permission is refused with the flag's name.
+func TestGRPCSocketModeFlag(t *testing.T) {
+	o, err := parseServeFlags([]string{"--grpc.addr", "unix:/run/rls.sock"}, io.Discard, func(string) (string, bool) { return "", false })
+	if err != nil || o.grpcMode != 0o666 {
+		t.Errorf("default: mode %#o, %v; want 0666", uint32(o.grpcMode), err)
+	}
+	o, err = parseServeFlags([]string{"--grpc.addr", "unix:/run/rls.sock", "--grpc.socket-mode", "0660"}, io.Discard, func(string) (string, bool) { return "", false })
+	if err != nil || o.grpcMode != 0o660 {
+		t.Errorf("0660: mode %#o, %v", uint32(o.grpcMode), err)
+	}
+	for _, bad := range []string{"0999", "1777", "rw-rw----"} {
+		var stderr strings.Builder
+		_, err := parseServeFlags([]string{"--grpc.addr", "unix:/run/rls.sock", "--grpc.socket-mode", bad}, &stderr, func(string) (string, bool) { return "", false })
+		var u usageError
+		if !errors.As(err, &u) || !strings.Contains(stderr.String(), "grpc.socket-mode") || !strings.Contains(stderr.String(), "octal permission") {
+			t.Errorf("--grpc.socket-mode %s: %v, stderr %q; want a usage error naming the flag", bad, err, stderr.String())
 		}
 	}
 }

@@ -38,7 +38,7 @@ func (d *descriptorFlag) Set(s string) error {
 func queryMain(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("query", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	addr := fs.String("addr", "127.0.0.1:8081", "envoy-rls gRPC address")
+	addr := fs.String("addr", "127.0.0.1:8081", "envoy-rls gRPC address: host:port, or unix:/path for a --grpc.addr socket")
 	domain := fs.String("domain", "edge", "rate-limit domain")
 	hits := fs.Uint("hits", 0, "hits_addend of the request (0: Envoy's default of 1)")
 	count := fs.Int("count", 1, "how many identical requests to send")
@@ -46,7 +46,7 @@ func queryMain(args []string, stdout, stderr io.Writer) error {
 	var descs descriptorFlag
 	fs.Var(&descs, "descriptor", "a descriptor as key=value[,key=value...]; repeat for several")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: envoy-rls query [--addr HOST:PORT] [--domain D] --descriptor k=v[,k=v...] [--descriptor ...] [--hits N] [--count N]")
+		fmt.Fprintln(stderr, "Usage: envoy-rls query [--addr HOST:PORT|unix:/PATH] [--domain D] --descriptor k=v[,k=v...] [--descriptor ...] [--hits N] [--count N]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

@@ -124,9 +124,19 @@ descriptors:
 		t.Errorf("admitted %d of 8 under a limit of 5", ok)
 	}
 	// The deny cache is off (serveOnRedis's default), so every request
-	// was a check call in Redis.
+	// was a check call in Redis, over the socket: the server listens on
+	// TCP too, but none of envoy-rls's connections came that way.
 	if got := redis.CommandCalls(t)["fcall"] - before; got != 8 {
 		t.Errorf("Redis ran %d check calls (FCALL) for 8 requests, want 8", got)
+	}
+	clients := redis.Clients(t)
+	for _, c := range clients {
+		if !c.OnSocket(redis.Socket) {
+			t.Errorf("envoy-rls's connection %+v is not on the socket %s", c, redis.Socket)
+		}
+	}
+	if len(clients) == 0 {
+		t.Error("envoy-rls has no connection to Redis")
 	}
 }
 

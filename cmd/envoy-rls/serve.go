@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/envoy-rls/envoy-rls/internal/gcpercent"
+	"github.com/envoy-rls/envoy-rls/internal/listen"
 	"github.com/envoy-rls/envoy-rls/pkg/descriptors"
 	"github.com/envoy-rls/envoy-rls/pkg/metrics"
 	"github.com/envoy-rls/envoy-rls/pkg/rls"
@@ -39,6 +40,7 @@ type serveOptions struct {
 	mergeDomains   bool
 	reloadInterval time.Duration
 	grpcAddr       string
+	grpcMode       listen.Mode
 	grpcWorkers    int
 	grpcWindow     int
 	httpAddr       string
@@ -60,7 +62,9 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.configDir, "config.dir", "./config", "folder of descriptor YAML files, one domain per file")
 	fs.BoolVar(&o.mergeDomains, "config.merge-domains", false, "allow several files to declare the same domain (their descriptors are merged)")
 	fs.DurationVar(&o.reloadInterval, "config.reload-interval", 5*time.Second, "how often the config folder is checked for changes (SIGHUP reloads at once)")
-	fs.StringVar(&o.grpcAddr, "grpc.addr", ":8081", "gRPC listen address (RateLimitService v3, health, reflection)")
+	fs.StringVar(&o.grpcAddr, "grpc.addr", ":8081", "gRPC listen address (RateLimitService v3, health, reflection): host:port, or unix:/path/to/socket for clients on this host (Envoy: a pipe address)")
+	o.grpcMode = listen.Mode(listen.DefaultMode)
+	fs.Var(&o.grpcMode, "grpc.socket-mode", "permission of the unix: --grpc.addr socket, in octal: who on this host may connect (0660 with a group shared with Envoy restricts it to them)")
 	fs.IntVar(&o.grpcWorkers, "grpc.stream-workers", 64, "goroutines kept to serve gRPC calls (more concurrent calls get a goroutine each); reusing them spares a goroutine start and stack growth per call; 0 starts one per call")
 	fs.IntVar(&o.grpcWindow, "grpc.conn-window", defaultConnWindow, "fixed HTTP/2 flow-control window of each gRPC connection, in bytes (65535 or more): a fixed window spares the BDP ping grpc-go otherwise sends, and the client answers, for most requests; 0 lets grpc-go size the windows by BDP estimation")
 	fs.StringVar(&o.httpAddr, "http.addr", ":9090", "HTTP listen address (/metrics, /healthz, /readyz)")
@@ -91,13 +95,22 @@ func parseServeFlags(args []string, stderr io.Writer, lookupEnv func(string) (st
 		return o, usageError{msg: err.Error()}
 	}
 	var redisGiven []string
+	modeGiven := false
 	fs.Visit(func(f *flag.Flag) {
 		if strings.HasPrefix(f.Name, "redis.") {
 			redisGiven = append(redisGiven, "--"+f.Name)
 		}
+		modeGiven = modeGiven || f.Name == "grpc.socket-mode"
 	})
 	if err := o.checkRanges(); err != nil {
 		return o, err
+	}
+	if unix := listen.IsUnix(o.grpcAddr); unix {
+		if _, err := listen.UnixPath(o.grpcAddr); err != nil {
+			return o, usageError{msg: "--grpc.addr: " + err.Error()}
+		}
+	} else if modeGiven {
+		return o, usageError{msg: fmt.Sprintf("--grpc.socket-mode is set, but --grpc.addr %s is no Unix socket (unix:/path)", o.grpcAddr)}
 	}
 	if len(redisGiven) > 0 && !o.store.redisConfigured() {
 		// Counting in memory would multiply every limit by the number of
@@ -294,7 +307,7 @@ type boundAddrs struct{ GRPC, HTTP, Debug string }
 
 func (s *server) run(ctx context.Context, o serveOptions, hup <-chan os.Signal, ready func(boundAddrs)) error {
 	var lc net.ListenConfig
-	gl, err := lc.Listen(ctx, "tcp", o.grpcAddr)
+	gl, err := listen.Listen(ctx, o.grpcAddr, o.grpcMode.FileMode())
 	if err != nil {
 		return fmt.Errorf("--grpc.addr: %w", err)
 	}
@@ -312,6 +325,9 @@ func (s *server) run(ctx context.Context, o serveOptions, hup <-chan os.Signal, 
 		}
 	}
 	addrs := boundAddrs{GRPC: gl.Addr().String(), HTTP: hl.Addr().String()}
+	if gl.Addr().Network() == "unix" {
+		addrs.GRPC = "unix:" + addrs.GRPC // a gRPC target, as clients dial it
+	}
 	if dl != nil {
 		addrs.Debug = dl.Addr().String()
 	}

@@ -22,6 +22,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/envoy-rls/envoy-rls/internal/gcpercent"
+	"github.com/envoy-rls/envoy-rls/internal/listen"
 )
 
 // running is a serve() started by a test.
@@ -30,13 +31,19 @@ type running struct {
 	hup    chan os.Signal
 	client rlsv3.RateLimitServiceClient
 	conn   *grpc.ClientConn
+	// stop stops serve gracefully, at once; the test's end calls it too.
+	stop func()
 }
 
 // startServe runs serve() on loopback with the given options (addresses
-// are forced to free loopback ports) and stops it when the test ends.
+// are forced to free loopback ports, but for a unix: --grpc.addr) and stops
+// it when the test ends.
 func startServe(t *testing.T, o serveOptions) *running {
 	t.Helper()
-	o.grpcAddr, o.httpAddr, o.debugAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	if !listen.IsUnix(o.grpcAddr) {
+		o.grpcAddr = "127.0.0.1:0"
+	}
+	o.httpAddr, o.debugAddr = "127.0.0.1:0", "127.0.0.1:0"
 	if o.headers == "" {
 		o.headers = "ietf"
 	}
@@ -63,13 +70,14 @@ func startServe(t *testing.T, o serveOptions) *running {
 		t.Fatal(err)
 	}
 	r.conn, r.client = conn, rlsv3.NewRateLimitServiceClient(conn)
-	t.Cleanup(func() {
+	r.stop = sync.OnceFunc(func() {
 		conn.Close()
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("serve returned %v after a graceful stop", err)
 		}
 	})
+	t.Cleanup(r.stop)
 	return r
 }
 
@@ -292,6 +300,46 @@ func TestGCPercent(t *testing.T) {
 				t.Errorf("set %d, GOGC %q from %q; want set %d, GOGC %q", set, gogc, from, tc.wantSet, tc.wantGOGC)
 			}
 		})
+	}
+}
+
+// TestServeOnUnixSocket: with a unix: --grpc.addr serve answers on that
+// socket, made with --grpc.socket-mode; it reports the address as a gRPC
+// target; and a graceful stop removes the socket file.
+func TestServeOnUnixSocket(t *testing.T) {
+	sockDir, err := os.MkdirTemp("", "rls-serve-") // a short path: sun_path holds about 100 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	path := filepath.Join(sockDir, "grpc.sock")
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "u.yaml"), "domain: u\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 3}\n")
+	o := serveOptions{configDir: dir, grpcAddr: "unix:" + path, grpcMode: 0o600}
+	r := startServe(t, o)
+	if r.addrs.GRPC != "unix:"+path {
+		t.Errorf("bound gRPC address %q, want unix:%s", r.addrs.GRPC, path)
+	}
+	if fi, err := os.Lstat(path); err != nil || fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600 {
+		t.Errorf("%s: %v (%v), want a socket with mode 0600", path, fi, err)
+	}
+	ok := 0
+	for range 5 {
+		resp, err := r.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{
+			Domain: "u", Descriptors: []*commonrl.RateLimitDescriptor{desc("k", "v")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.OverallCode == rlsv3.RateLimitResponse_OK {
+			ok++
+		}
+	}
+	if ok != 3 {
+		t.Errorf("admitted %d of 5 under a limit of 3", ok)
+	}
+	r.stop()
+	if _, err := os.Lstat(path); !os.IsNotExist(err) {
+		t.Errorf("after a graceful stop, %s: %v; want it removed", path, err)
 	}
 }
 

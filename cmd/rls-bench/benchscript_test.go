@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -92,20 +93,26 @@ func TestMakeBenchIncumbent(t *testing.T) {
 }
 
 // TestMakeBenchUnix: with BENCH_REDIS=unix envoy-rls and the incumbent
-// reach the script's redis-server over its Unix socket (the script's log
-// names both settings), and decide as on TCP.
+// reach the script's redis-server over its Unix socket, and with
+// BENCH_GRPC=unix the generator reaches them and the do-nothing server over
+// Unix sockets (the script's log names every setting); everything decides
+// as on TCP.
 func TestMakeBenchUnix(t *testing.T) {
-	var want []row
+	want := []row{{"do-nothing", 4}, {"do-nothing, 3 desc", 4}}
 	for _, l := range []string{"1 key", "hot key (over)"} {
 		want = append(want, row{l, 4}, row{incumbentPrefix + l, 4})
 	}
-	stdout, stderr, _ := runBench(t, want, "BENCH_REDIS=unix", "BENCH_INCUMBENT=1", "BENCH_CALLERS=4", "BENCH_SCENARIOS=one-key hot-key")
-	if !strings.Contains(stdout, "Redis: unix") {
-		t.Errorf("the table's header does not say Redis: unix:\n%s", stdout)
+	stdout, stderr, _ := runBench(t, want, "BENCH_REDIS=unix", "BENCH_GRPC=unix", "BENCH_INCUMBENT=1", "BENCH_CALLERS=4",
+		"BENCH_SCENARIOS=ceiling one-key hot-key")
+	if !strings.Contains(stdout, "Redis: unix, gRPC: unix") {
+		t.Errorf("the table's header does not say Redis: unix, gRPC: unix:\n%s", stdout)
 	}
-	for _, w := range []string{"--redis.url unix://", "REDIS_SOCKET_TYPE=unix"} {
-		if !strings.Contains(stderr, w) {
-			t.Errorf("the script's log does not show %q:\n%s", w, stderr)
+	for _, w := range []string{
+		`redis \(unix\) --redis.url unix:///`, `REDIS_SOCKET_TYPE=unix REDIS_TYPE=SINGLE REDIS_URL=/`,
+		`envoy-rls pid \d+ on unix:/`, `do-nothing pid \d+ on unix:/`, `envoyproxy/ratelimit .* on unix:/\S+ \(GRPC_UDS=/`,
+	} {
+		if !regexp.MustCompile(w).MatchString(stderr) {
+			t.Errorf("the script's log does not match %q:\n%s", w, stderr)
 		}
 	}
 }
@@ -122,7 +129,7 @@ type row struct {
 // runBench runs scripts/bench.sh with runs of 0.3 s, no warm-up, one round
 // and env, checks that it reported exactly the rows of want and checks each
 // (see TestMakeBench). It returns the script's standard output and the
-// results it wrote, and its standard error (the log).
+// the script's standard error (its log) and the results it wrote.
 func runBench(t *testing.T, want []row, env ...string) (stdoutText, stderrText string, results []*bench.Result) {
 	t.Helper()
 	root, err := testenv.RepoRoot()

@@ -143,7 +143,7 @@ func parseLoad(args []string, stderr io.Writer) (loadConfig, error) {
 	)
 	fs := flag.NewFlagSet("rls-bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.Addr, "addr", "", "target RateLimitService gRPC address, host:port")
+	fs.StringVar(&o.Addr, "addr", "", "target RateLimitService gRPC address: host:port, or unix:/path/to/socket")
 	fs.StringVar(&o.Label, "label", "", "name of the run in the report (default: the target address)")
 	fs.IntVar(&o.Connections, "connections", 4, "gRPC client connections, used round-robin")
 	fs.IntVar(&o.Concurrency, "concurrency", 16, "callers (closed loop), or the bound on requests in flight (open loop)")
@@ -291,7 +291,7 @@ func load(ctx context.Context, cfg loadConfig, stderr io.Writer) ([]*bench.Resul
 func serveNoop(ctx context.Context, args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("rls-bench serve-noop", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	addr := fs.String("addr", ":8089", "listen address")
+	addr := fs.String("addr", ":8089", "listen address: host:port, or unix:/path/to/socket")
 	gc := gcpercent.New(fs, "gc-percent", gcUsage)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

@@ -399,6 +399,58 @@ func (r *Redis) CommandCalls(t testing.TB) map[string]int64 {
 	return calls
 }
 
+// Client is one connection in CLIENT LIST.
+type Client struct {
+	// Addr is the peer's address: "ip:port", or "<socket path>:0" for a
+	// connection on the Unix socket.
+	Addr string
+	// Flags are CLIENT LIST's flags ("U" for a Unix socket client, "N"
+	// for none).
+	Flags string
+}
+
+// OnSocket reports whether c came in on the Unix socket at path.
+func (c Client) OnSocket(path string) bool {
+	return c.Addr == path+":0" && strings.Contains(c.Flags, "U")
+}
+
+// Clients returns the server's client connections but the one that asks
+// (CLIENT LIST over TCP).
+func (r *Redis) Clients(t testing.TB) []Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	c := r.Client()
+	id, err := c.ClientID(ctx).Result()
+	if err != nil {
+		t.Fatalf("testenv: CLIENT ID on %s: %v", r.Addr, err)
+	}
+	list, err := c.ClientList(ctx).Result()
+	if err != nil {
+		t.Fatalf("testenv: CLIENT LIST on %s: %v", r.Addr, err)
+	}
+	var out []Client
+	for _, line := range strings.Split(strings.TrimSpace(list), "\n") {
+		var cl Client
+		self := false
+		for _, field := range strings.Fields(line) {
+			k, v, _ := strings.Cut(field, "=")
+			switch k {
+			case "id":
+				self = v == strconv.FormatInt(id, 10)
+			case "addr":
+				cl.Addr = v
+			case "flags":
+				cl.Flags = v
+			}
+		}
+		if !self {
+			out = append(out, cl)
+		}
+	}
+	return out
+}
+
 // ScriptCalls returns how many scripts and functions the server has run:
 // the calls of EVAL, EVALSHA, FCALL and FCALL_RO together. A call answered
 // NOSCRIPT or "Function not found" counts too (Redis counts it in calls and

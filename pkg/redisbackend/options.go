@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -222,10 +223,10 @@ func (o *Options) newClient(topo topology) (redis.UniversalClient, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--redis.url: %w", err)
 		}
-		// Redis serves TLS on its TCP tls-port only: a handshake on its
-		// Unix socket would fail at every connection, so say why at start.
-		if ro.Network == "unix" && o.TLS != nil {
-			return nil, fmt.Errorf("--redis.url %s is a Unix socket, which Redis serves without TLS: remove the --redis.tls.* flags", ro.Addr)
+		if ro.Network == "unix" {
+			if err := checkSocketURL(o.URL, ro.Addr, o.TLS != nil); err != nil {
+				return nil, err
+			}
 		}
 		if o.Username != "" {
 			ro.Username = o.Username
@@ -254,6 +255,32 @@ func (o *Options) newClient(topo topology) (redis.UniversalClient, error) {
 		ro.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 		return redis.NewClient(ro), nil
 	}
+}
+
+// maxSocketPath is the longest Unix socket path Linux takes (sun_path is
+// 108 bytes, with the terminating NUL).
+const maxSocketPath = 107
+
+// checkSocketURL refuses, at start, a unix:// --redis.url that would fail
+// at every connection, or reach another socket than it seems to name.
+func checkSocketURL(rawURL, path string, withTLS bool) error {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return fmt.Errorf("--redis.url: %w", err)
+	}
+	switch {
+	case u.Host != "":
+		// go-redis would dial the path alone: unix://var/run/x.sock is
+		// /run/x.sock.
+		return fmt.Errorf("--redis.url %s names a host (%s); a Unix socket's URL is unix:///absolute/path", rawURL, u.Host)
+	case len(path) > maxSocketPath:
+		return fmt.Errorf("--redis.url: socket path %s is %d bytes, longer than a Unix socket address holds (%d)", path, len(path), maxSocketPath)
+	case withTLS:
+		// Redis serves TLS on its TCP tls-port only: a handshake on its
+		// Unix socket would fail at every connection.
+		return fmt.Errorf("--redis.url %s is a Unix socket, which Redis serves without TLS: remove the --redis.tls.* flags", path)
+	}
+	return nil
 }
 
 // TLSConfig builds a client TLS configuration (TLS 1.2 or later). caFile, if

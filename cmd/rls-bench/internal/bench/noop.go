@@ -13,6 +13,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/envoy-rls/envoy-rls/internal/listen"
 	"github.com/envoy-rls/envoy-rls/pkg/rls"
 )
 
@@ -37,10 +38,11 @@ type NoopServer struct {
 // default.
 const noopConnWindow = 1 << 20
 
-// StartNoop listens on addr ("127.0.0.1:0" picks a free loopback port) and
-// serves in a goroutine owned by the returned server until Close.
+// StartNoop listens on addr ("127.0.0.1:0" picks a free loopback port;
+// "unix:/path" a Unix socket) and serves in a goroutine owned by the
+// returned server until Close.
 func StartNoop(addr string) (*NoopServer, error) {
-	lis, err := net.Listen("tcp", addr)
+	lis, err := listen.Listen(context.Background(), addr, listen.DefaultMode)
 	if err != nil {
 		return nil, fmt.Errorf("noop server: listen on %s: %w", addr, err)
 	}
@@ -71,8 +73,14 @@ func StartNoop(addr string) (*NoopServer, error) {
 	return s, nil
 }
 
-// Addr returns the address the server listens on (host:port).
-func (s *NoopServer) Addr() string { return s.lis.Addr().String() }
+// Addr returns the address the server listens on as a gRPC target:
+// host:port, or unix:/path.
+func (s *NoopServer) Addr() string {
+	if a := s.lis.Addr(); a.Network() == "unix" {
+		return "unix:" + a.String()
+	}
+	return s.lis.Addr().String()
+}
 
 // Done is closed when the server has stopped serving.
 func (s *NoopServer) Done() <-chan struct{} { return s.done }

@@ -23,7 +23,7 @@ import (
 // Options describe one run. The zero value of a field means its documented
 // default.
 type Options struct {
-	// Addr is the target server, host:port. Required.
+	// Addr is the target server, host:port or unix:/path. Required.
 	Addr string
 	// Label names the run in reports. Default: the target address.
 	Label string
