@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -208,12 +207,7 @@ func TestPerIPLimitThroughEnvoy(t *testing.T) {
 // holds exactly, counted in that Redis.
 func TestThroughEnvoyOverUnixSockets(t *testing.T) {
 	redis := testenv.RedisServer(t, testenv.WithUnixSocket())
-	dir, err := os.MkdirTemp("", "rls-e2e-") // a short path: sun_path holds about 100 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	r := startRLS(t, rlsOptions{RedisURL: "unix://" + redis.Socket, GRPCAddr: "unix:" + filepath.Join(dir, "rls.sock")})
+	r := startRLS(t, rlsOptions{RedisURL: "unix://" + redis.Socket, GRPCAddr: "unix:" + testenv.SocketPath(t, "rls.sock")})
 	e := startEnvoy(t, r.GRPCAddr)
 	before := redis.CommandCalls(t)["fcall"]
 	for i := 1; i <= perIP; i++ {

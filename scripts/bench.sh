@@ -288,21 +288,20 @@ fi
 # longer than a socket address holds.
 socket() {
 	local path="$TMP/$1.sock"
-	[ "${#path}" -le 100 ] ||
+	[ "${#path}" -le 107 ] ||
 		die "the Unix socket's path $path is longer than a socket address allows: set TMPDIR to a shorter directory"
 	printf '%s' "$path"
 }
 # grpc_addr NAME: a gRPC address for a server, on a free loopback port or
 # (BENCH_GRPC=unix) a Unix socket; grpc_ready ADDR: it accepts.
 grpc_addr() {
+	local at
 	if [ "$BENCH_GRPC" = unix ]; then
-		local path
-		path="$(socket "$1")" || exit 1
-		printf 'unix:%s' "$path"
+		at="$(socket "$1")" || exit 1
+		printf 'unix:%s' "$at"
 	else
-		local port
-		port="$(free_port)" || exit 1
-		printf '127.0.0.1:%s' "$port"
+		at="$(free_port)" || exit 1
+		printf '127.0.0.1:%s' "$at"
 	fi
 }
 grpc_ready() {

@@ -50,13 +50,7 @@ descriptors:
 	// start in its own goroutine, so it is left out of the count.
 	fcalls := func() int64 { return redis.CommandCalls(t)["fcall"] }
 	before := fcalls()
-	ok := 0
-	for range 20 {
-		if call("hot", "k") == rlsv3.RateLimitResponse_OK {
-			ok++
-		}
-	}
-	if ok != 5 {
+	if ok := r.admitted(t, 20, "r", "hot", "k"); ok != 5 {
 		t.Errorf("admitted %d of 20 under a limit of 5", ok)
 	}
 	// 5 admitted and the first denial reached Redis; the other 14 denials
@@ -109,18 +103,7 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 5}
 `, func(o *serveOptions) { o.store.redisURL = "unix://" + redis.Socket })
 	before := redis.CommandCalls(t)["fcall"]
-	ok := 0
-	for range 8 {
-		resp, err := r.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{
-			Domain: "u", Descriptors: []*commonrl.RateLimitDescriptor{desc("k", "v")}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if resp.OverallCode == rlsv3.RateLimitResponse_OK {
-			ok++
-		}
-	}
-	if ok != 5 {
+	if ok := r.admitted(t, 8, "u", "k", "v"); ok != 5 {
 		t.Errorf("admitted %d of 8 under a limit of 5", ok)
 	}
 	// The deny cache is off (serveOnRedis's default), so every request
@@ -129,15 +112,7 @@ descriptors:
 	if got := redis.CommandCalls(t)["fcall"] - before; got != 8 {
 		t.Errorf("Redis ran %d check calls (FCALL) for 8 requests, want 8", got)
 	}
-	clients := redis.Clients(t)
-	for _, c := range clients {
-		if !c.OnSocket(redis.Socket) {
-			t.Errorf("envoy-rls's connection %+v is not on the socket %s", c, redis.Socket)
-		}
-	}
-	if len(clients) == 0 {
-		t.Error("envoy-rls has no connection to Redis")
-	}
+	redis.CheckClientsOnSocket(t)
 }
 
 // TestServeOnRedisHostileCounts: large counts get the answers the README

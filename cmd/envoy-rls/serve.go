@@ -105,7 +105,7 @@ func parseServeFlags(args []string, stderr io.Writer, lookupEnv func(string) (st
 	if err := o.checkRanges(); err != nil {
 		return o, err
 	}
-	if unix := listen.IsUnix(o.grpcAddr); unix {
+	if listen.IsUnix(o.grpcAddr) {
 		if _, err := listen.UnixPath(o.grpcAddr); err != nil {
 			return o, usageError{msg: "--grpc.addr: " + err.Error()}
 		}
@@ -324,10 +324,7 @@ func (s *server) run(ctx context.Context, o serveOptions, hup <-chan os.Signal, 
 			return fmt.Errorf("--debug.addr: %w", err)
 		}
 	}
-	addrs := boundAddrs{GRPC: gl.Addr().String(), HTTP: hl.Addr().String()}
-	if gl.Addr().Network() == "unix" {
-		addrs.GRPC = "unix:" + addrs.GRPC // a gRPC target, as clients dial it
-	}
+	addrs := boundAddrs{GRPC: listen.Target(gl.Addr()), HTTP: hl.Addr().String()}
 	if dl != nil {
 		addrs.Debug = dl.Addr().String()
 	}

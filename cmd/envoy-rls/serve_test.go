@@ -23,6 +23,7 @@ import (
 
 	"github.com/envoy-rls/envoy-rls/internal/gcpercent"
 	"github.com/envoy-rls/envoy-rls/internal/listen"
+	"github.com/envoy-rls/envoy-rls/internal/testenv"
 )
 
 // running is a serve() started by a test.
@@ -79,6 +80,24 @@ func startServe(t *testing.T, o serveOptions) *running {
 	})
 	t.Cleanup(r.stop)
 	return r
+}
+
+// admitted sends n requests of one descriptor (kv: key, value, ...) in
+// domain, one after the other, and returns how many were answered OK.
+func (r *running) admitted(t *testing.T, n int, domain string, kv ...string) int {
+	t.Helper()
+	ok := 0
+	for range n {
+		resp, err := r.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{
+			Domain: domain, Descriptors: []*commonrl.RateLimitDescriptor{desc(kv...)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.OverallCode == rlsv3.RateLimitResponse_OK {
+			ok++
+		}
+	}
+	return ok
 }
 
 func writeFile(t *testing.T, path, content string) {
@@ -307,12 +326,7 @@ func TestGCPercent(t *testing.T) {
 // socket, made with --grpc.socket-mode; it reports the address as a gRPC
 // target; and a graceful stop removes the socket file.
 func TestServeOnUnixSocket(t *testing.T) {
-	sockDir, err := os.MkdirTemp("", "rls-serve-") // a short path: sun_path holds about 100 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	path := filepath.Join(sockDir, "grpc.sock")
+	path := testenv.SocketPath(t, "grpc.sock")
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "u.yaml"), "domain: u\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 3}\n")
 	o := serveOptions{configDir: dir, grpcAddr: "unix:" + path, grpcMode: 0o600}
@@ -323,18 +337,7 @@ func TestServeOnUnixSocket(t *testing.T) {
 	if fi, err := os.Lstat(path); err != nil || fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600 {
 		t.Errorf("%s: %v (%v), want a socket with mode 0600", path, fi, err)
 	}
-	ok := 0
-	for range 5 {
-		resp, err := r.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{
-			Domain: "u", Descriptors: []*commonrl.RateLimitDescriptor{desc("k", "v")}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if resp.OverallCode == rlsv3.RateLimitResponse_OK {
-			ok++
-		}
-	}
-	if ok != 3 {
+	if ok := r.admitted(t, 5, "u", "k", "v"); ok != 3 {
 		t.Errorf("admitted %d of 5 under a limit of 3", ok)
 	}
 	r.stop()

@@ -69,6 +69,15 @@ func UnixPath(addr string) (string, error) {
 	return rest, nil
 }
 
+// Target returns a listener's address as gRPC clients dial it: host:port,
+// or unix:/path for a Unix socket.
+func Target(a net.Addr) string {
+	if a.Network() == "unix" {
+		return "unix:" + a.String()
+	}
+	return a.String()
+}
+
 // Listen listens on addr: a Unix socket for a "unix:" address (UnixPath),
 // otherwise TCP.
 //

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/envoy-rls/envoy-rls/internal/testenv"
 )
 
 func TestUnixPath(t *testing.T) {
@@ -39,18 +41,8 @@ func TestUnixPath(t *testing.T) {
 	}
 }
 
-// socketPath is a socket path in a short temporary directory: a socket's
-// path is limited to about 100 bytes, which t.TempDir() of a long test name
-// could exceed.
-func socketPath(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "listen-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return filepath.Join(dir, "s.sock")
-}
+// socketPath is a socket path in a fresh, short directory.
+func socketPath(t *testing.T) string { return testenv.SocketPath(t, "s.sock") }
 
 // TestListenUnix: a "unix:" address listens on that socket with the mode
 // asked for (not the umask's), accepts, and removes the file on Close.
@@ -63,8 +55,8 @@ func TestListenUnix(t *testing.T) {
 			t.Fatalf("Listen: %v", err)
 		}
 		t.Cleanup(func() { l.Close() })
-		if l.Addr().String() != path {
-			t.Errorf("Addr() = %q, want %q", l.Addr(), path)
+		if l.Addr().String() != path || Target(l.Addr()) != "unix:"+path {
+			t.Errorf("Addr() = %q, target %q; want %q, unix:%s", l.Addr(), Target(l.Addr()), path, path)
 		}
 		fi, err := os.Lstat(path)
 		if err != nil {
@@ -188,8 +180,8 @@ func TestListenTCP(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	if l.Addr().Network() != "tcp" {
-		t.Errorf("Listen(127.0.0.1:0) on %s, want tcp", l.Addr().Network())
+	if l.Addr().Network() != "tcp" || Target(l.Addr()) != l.Addr().String() {
+		t.Errorf("Listen(127.0.0.1:0) on %s, target %q; want tcp, host:port", l.Addr().Network(), Target(l.Addr()))
 	}
 }
 

@@ -136,14 +136,7 @@ func RedisServer(t testing.TB, opts ...RedisOption) *Redis {
 	}
 	socket := ""
 	if cfg.socket {
-		// A socket's path is limited to about 100 bytes (sun_path), which
-		// a directory named after a long test could exceed.
-		dir, err := os.MkdirTemp("", "rls-redis-")
-		if err != nil {
-			t.Fatalf("testenv: directory for a Unix socket: %v", err)
-		}
-		t.Cleanup(func() { os.RemoveAll(dir) })
-		socket = filepath.Join(dir, "redis.sock")
+		socket = SocketPath(t, "redis.sock")
 		cfg.args = append(cfg.args, "--unixsocket", socket, "--unixsocketperm", "700")
 	}
 	r := startNode(t, nodeSpec{
@@ -449,6 +442,22 @@ func (r *Redis) Clients(t testing.TB) []Client {
 		}
 	}
 	return out
+}
+
+// CheckClientsOnSocket fails the test unless the server has client
+// connections (but the asker's) and every one came in on its Unix socket
+// (WithUnixSocket): whoever connected used the socket, not the TCP port.
+func (r *Redis) CheckClientsOnSocket(t testing.TB) {
+	t.Helper()
+	clients := r.Clients(t)
+	for _, c := range clients {
+		if !c.OnSocket(r.Socket) {
+			t.Errorf("connection %+v is not on the socket %s", c, r.Socket)
+		}
+	}
+	if len(clients) == 0 {
+		t.Errorf("no client connection on %s", r.Addr)
+	}
 }
 
 // ScriptCalls returns how many scripts and functions the server has run:

@@ -40,15 +40,7 @@ func TestUnixSocket(t *testing.T) {
 		if n, err := observer.Do(ctx, "EVAL", "redis.call('SELECT', 3) return redis.call('DBSIZE')", 0).Int64(); err != nil || n == 0 {
 			t.Errorf("db 3 holds %d keys (%v), want the counter", n, err)
 		}
-		clients := r.Clients(t)
-		for _, c := range clients {
-			if !c.OnSocket(r.Socket) {
-				t.Errorf("connection %+v, want one on the socket %s (flags U)", c, r.Socket)
-			}
-		}
-		if len(clients) == 0 {
-			t.Error("no connection of the Backend in CLIENT LIST")
-		}
+		r.CheckClientsOnSocket(t)
 	})
 
 	t.Run("hammer", func(t *testing.T) {

@@ -75,12 +75,7 @@ func StartNoop(addr string) (*NoopServer, error) {
 
 // Addr returns the address the server listens on as a gRPC target:
 // host:port, or unix:/path.
-func (s *NoopServer) Addr() string {
-	if a := s.lis.Addr(); a.Network() == "unix" {
-		return "unix:" + a.String()
-	}
-	return s.lis.Addr().String()
-}
+func (s *NoopServer) Addr() string { return listen.Target(s.lis.Addr()) }
 
 // Done is closed when the server has stopped serving.
 func (s *NoopServer) Done() <-chan struct{} { return s.done }
