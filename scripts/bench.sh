@@ -67,7 +67,12 @@
 #   BENCH_REDIS      "single" (default): one redis-server; "unix": the same,
 #                    reached over its Unix socket (envoy-rls on --redis.url
 #                    unix://..., the incumbent on REDIS_SOCKET_TYPE=unix), as
-#                    a Redis on the same host can be; "cluster": a Redis
+#                    a Redis on the same host can be; "tls": the same,
+#                    reached over TLS on its tls-port with a certificate of
+#                    a CA made for the run by openssl(1) (envoy-rls on
+#                    rediss://... with --redis.tls.ca, the incumbent on
+#                    REDIS_TLS and REDIS_TLS_CACERT), as a managed Redis
+#                    with in-transit encryption is; "cluster": a Redis
 #                    Cluster of three masters (no replicas) made with
 #                    redis-cli --cluster create, envoy-rls on
 #                    --redis.cluster-addrs, and "redis µs/req" the sum over
@@ -99,7 +104,9 @@
 #                    on a single node by itself).
 #
 # Needs: go, redis-server in PATH (`make test` installs it, or
-# scripts/install-deps.sh). Nothing else (no curl, no redis-cli, no jq).
+# scripts/install-deps.sh). Nothing else (no curl, no jq), but redis-cli
+# for BENCH_REDIS=cluster and openssl for BENCH_REDIS=tls (installed by the
+# same).
 #
 # Note the machine: generator, envoy-rls, Redis and the do-nothing server share
 # its cores, so on a small machine the figures are a comparison between
@@ -128,9 +135,9 @@ BENCH_INCUMBENT="${BENCH_INCUMBENT:-}"
 BENCH_INCUMBENT_VERSION="${BENCH_INCUMBENT_VERSION:-v1.4.1-0.20260122083618-3fb702589d36}"
 BENCH_INCUMBENT_ENV="${BENCH_INCUMBENT_ENV:-}"
 case "$BENCH_REDIS" in
-single | unix | cluster) ;;
+single | unix | tls | cluster) ;;
 *)
-	printf 'bench: BENCH_REDIS=%s: want single, unix or cluster\n' "$BENCH_REDIS" >&2
+	printf 'bench: BENCH_REDIS=%s: want single, unix, tls or cluster\n' "$BENCH_REDIS" >&2
 	exit 2
 	;;
 esac
@@ -262,6 +269,10 @@ if [ "$needs_rls" = 1 ]; then
 		command -v redis-cli >/dev/null 2>&1 ||
 			die "redis-cli not found in PATH (BENCH_REDIS=cluster): run \`make test\` (it installs redis-tools) or scripts/install-deps.sh"
 	fi
+	if [ "$BENCH_REDIS" = tls ]; then
+		command -v openssl >/dev/null 2>&1 ||
+			die "openssl not found in PATH (BENCH_REDIS=tls): run \`make test\` (it installs openssl) or scripts/install-deps.sh"
+	fi
 fi
 INC_BIN=""
 case "$BENCH_INCUMBENT" in
@@ -330,13 +341,39 @@ start_redis() {
 }
 launch_redis() {
 	REDIS_PORT="$(free_port)"
+	local tls=()
+	if [ "$BENCH_REDIS" = tls ]; then
+		# Plain TCP stays on REDIS_PORT, for the readiness probe.
+		REDIS_TLS_PORT="$(free_port)"
+		tls=(--tls-port "$REDIS_TLS_PORT" --tls-cert-file "$TMP/tls/server.pem" --tls-key-file "$TMP/tls/server.key"
+			--tls-ca-cert-file "$TMP/tls/ca.pem" --tls-auth-clients no)
+	fi
 	rm -f "$TMP/$REDIS_NAME/nodes.conf"
 	(cd "$TMP/$REDIS_NAME" && exec redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
-		--daemonize no "${REDIS_ARGS[@]}") >"$TMP/$REDIS_NAME.log" 2>&1 &
+		--daemonize no "${tls[@]}" "${REDIS_ARGS[@]}") >"$TMP/$REDIS_NAME.log" 2>&1 &
 	REDIS_PID=$!
 	LAUNCHED_PID=$REDIS_PID
 }
 redis_ready() { redis_pong "$REDIS_PORT"; }
+
+# tls_files: a CA made for this run and a certificate it signed for
+# 127.0.0.1 (ECDSA P-256), in $TMP/tls: ca.pem, server.pem, server.key.
+tls_files() {
+	local d="$TMP/tls"
+	mkdir -p "$d"
+	printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >"$d/ext"
+	{
+		openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+			-subj "/CN=envoy-rls bench CA" -keyout "$d/ca.key" -out "$d/ca.pem" &&
+			openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+				-subj "/CN=localhost" -keyout "$d/server.key" -out "$d/server.csr" &&
+			openssl x509 -req -in "$d/server.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial \
+				-days 2 -extfile "$d/ext" -out "$d/server.pem"
+	} >"$d/openssl.log" 2>&1 || {
+		cat "$d/openssl.log" >&2
+		die "openssl could not make the TLS certificates"
+	}
+}
 
 cluster_ok() ( # cluster_ok PORT: CLUSTER INFO says cluster_state:ok
 	exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
@@ -378,6 +415,11 @@ if [ "$needs_rls" = 1 ]; then
 		start_redis redis --unixsocket "$REDIS_SOCK" --unixsocketperm 700
 		REDIS_CPU+=(--cpu "redis=$REDIS_PID")
 		REDIS_FLAG=(--redis.url "unix://$REDIS_SOCK")
+	elif [ "$BENCH_REDIS" = tls ]; then
+		tls_files
+		start_redis redis
+		REDIS_CPU+=(--cpu "redis=$REDIS_PID")
+		REDIS_FLAG=(--redis.url "rediss://127.0.0.1:$REDIS_TLS_PORT" --redis.tls.ca "$TMP/tls/ca.pem")
 	else
 		start_redis redis
 		REDIS_CPU+=(--cpu "redis=$REDIS_PID")
@@ -410,7 +452,8 @@ fi
 if [ -n "$INC_BIN" ]; then
 	# envoyproxy/ratelimit reads $RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/config/*.yaml:
 	# bench.yaml alone, as it is. Its settings are its defaults except the
-	# ports, Redis over TCP (or the Unix socket with BENCH_REDIS=unix), no
+	# ports, Redis over TCP (or the Unix socket with BENCH_REDIS=unix, TLS
+	# with BENCH_REDIS=tls), no
 	# statsd to send to, and its local cache of over-limit keys (1 MiB) for
 	# the hot key.
 	mkdir -p "$TMP/incumbent/ratelimit/config"
@@ -422,6 +465,9 @@ if [ -n "$INC_BIN" ]; then
 		)")
 	elif [ "$BENCH_REDIS" = unix ]; then
 		INC_REDIS=(REDIS_SOCKET_TYPE=unix REDIS_TYPE=SINGLE "REDIS_URL=$REDIS_SOCK")
+	elif [ "$BENCH_REDIS" = tls ]; then
+		INC_REDIS=(REDIS_SOCKET_TYPE=tcp REDIS_TYPE=SINGLE "REDIS_URL=127.0.0.1:$REDIS_TLS_PORT"
+			REDIS_TLS=true "REDIS_TLS_CACERT=$TMP/tls/ca.pem")
 	else
 		INC_REDIS=(REDIS_SOCKET_TYPE=tcp REDIS_TYPE=SINGLE "REDIS_URL=127.0.0.1:$REDIS_PORT")
 	fi

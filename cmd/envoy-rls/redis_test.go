@@ -115,6 +115,73 @@ descriptors:
 	redis.CheckClientsOnSocket(t)
 }
 
+// TestServeOnRedisTLS: with --redis.tls.* serve counts exactly on a Redis
+// that serves TLS and asks for a client certificate, every connection on
+// its TLS port. Given an authority that did not sign Redis's certificate,
+// it starts all the same (a certificate can be renewed on the Redis side),
+// decides by each rule's failure_mode, is not ready, counts the failed
+// calls, and its log names the cause.
+func TestServeOnRedisTLS(t *testing.T) {
+	redis := testenv.RedisServer(t, testenv.WithTLS(true))
+	yaml := `
+domain: s
+descriptors:
+  - key: k
+    rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: strict
+    rate_limit: {unit: hour, requests_per_unit: 5, failure_mode: deny}
+`
+	withTLS := func(ca string) func(*serveOptions) {
+		return func(o *serveOptions) {
+			o.store.redisURL = "rediss://" + redis.TLSAddr
+			o.store.redisTLSCA = ca
+			o.store.redisTLSCert, o.store.redisTLSKey = redis.TLS.ClientCert, redis.TLS.ClientKey
+		}
+	}
+
+	t.Run("verified", func(t *testing.T) {
+		r := serveOnRedis(t, redis, yaml, withTLS(redis.TLS.CA))
+		before := redis.CommandCalls(t)["fcall"]
+		if ok := r.admitted(t, 8, "s", "k", "v"); ok != 5 {
+			t.Errorf("admitted %d of 8 under a limit of 5", ok)
+		}
+		if got := redis.CommandCalls(t)["fcall"] - before; got != 8 {
+			t.Errorf("Redis ran %d check calls (FCALL) for 8 requests, want 8", got)
+		}
+		redis.CheckClientsOnTLS(t)
+	})
+
+	t.Run("another authority", func(t *testing.T) {
+		var logs testenv.Buffer
+		r := startServeLog(t, redisServeOptions(t, redis, yaml, withTLS(testenv.NewTLSFiles(t).CA)), &logs)
+		resp, err := r.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{
+			Domain: "s", Descriptors: []*commonrl.RateLimitDescriptor{desc("strict", "v")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Errorf("failure_mode deny answered %v without Redis", resp.OverallCode)
+		}
+		if ok := r.admitted(t, 1, "s", "k", "v"); ok != 1 {
+			t.Errorf("failure_mode fallback admitted %d of 1", ok)
+		}
+		res, err := http.Get("http://" + r.addrs.HTTP + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusServiceUnavailable {
+			t.Errorf("/readyz = %d, want 503", res.StatusCode)
+		}
+		if v, _ := value(scrape(t, r), "envoy_rls_store_errors_total", "kind", "tls"); v < 1 {
+			t.Errorf("envoy_rls_store_errors_total{kind=tls} = %v, want the failed calls", v)
+		}
+		if want := "certificate signed by unknown authority"; !strings.Contains(logs.String(), want) {
+			t.Errorf("the log does not say %q:\n%s", want, logs.String())
+		}
+	})
+}
+
 // TestServeOnRedisHostileCounts: large counts get the answers the README
 // promises, on the Redis backend as on the memory one, not an Internal error
 // (which Envoy would treat by its failure mode, by default letting the
@@ -202,6 +269,12 @@ descriptors:
 // of one instance; tune, if not nil, changes the options before the start.
 func serveOnRedis(t *testing.T, redis *testenv.Redis, yaml string, tune func(*serveOptions)) *running {
 	t.Helper()
+	return startServe(t, redisServeOptions(t, redis, yaml, tune))
+}
+
+// redisServeOptions are serveOnRedis's options.
+func redisServeOptions(t *testing.T, redis *testenv.Redis, yaml string, tune func(*serveOptions)) serveOptions {
+	t.Helper()
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "config.yaml"), yaml)
 	o := serveOptions{configDir: dir}
@@ -212,5 +285,5 @@ func serveOnRedis(t *testing.T, redis *testenv.Redis, yaml string, tune func(*se
 	if tune != nil {
 		tune(&o)
 	}
-	return startServe(t, o)
+	return o
 }

@@ -41,6 +41,12 @@ type running struct {
 // it when the test ends.
 func startServe(t *testing.T, o serveOptions) *running {
 	t.Helper()
+	return startServeLog(t, o, io.Discard)
+}
+
+// startServeLog is startServe with serve's log written to w (text).
+func startServeLog(t *testing.T, o serveOptions, w io.Writer) *running {
+	t.Helper()
 	if !listen.IsUnix(o.grpcAddr) {
 		o.grpcAddr = "127.0.0.1:0"
 	}
@@ -58,7 +64,7 @@ func startServe(t *testing.T, o serveOptions) *running {
 	r := &running{hup: make(chan os.Signal, 1)}
 	readyc := make(chan boundAddrs, 1)
 	done := make(chan error, 1)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	log := slog.New(slog.NewTextHandler(w, nil))
 	go func() { done <- serve(ctx, o, log, r.hup, func(a boundAddrs) { readyc <- a }) }()
 	select {
 	case r.addrs = <-readyc:

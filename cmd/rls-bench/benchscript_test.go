@@ -117,6 +117,30 @@ func TestMakeBenchUnix(t *testing.T) {
 	}
 }
 
+// TestMakeBenchTLS: BENCH_REDIS=tls runs envoy-rls and the incumbent on a
+// Redis reached over TLS only: both are given its TLS port and the CA the
+// script made, and a server that spoke plain TCP there would answer every
+// request with an error (runBench counts them).
+func TestMakeBenchTLS(t *testing.T) {
+	var want []row
+	for _, l := range []string{"1 key", "3 desc, 100k"} {
+		want = append(want, row{l, 4}, row{incumbentPrefix + l, 4})
+	}
+	stdout, stderr, _ := runBench(t, want, "BENCH_REDIS=tls", "BENCH_INCUMBENT=1", "BENCH_CALLERS=4",
+		"BENCH_SCENARIOS=one-key three-desc")
+	if !strings.Contains(stdout, "Redis: tls, gRPC: tcp") {
+		t.Errorf("the table's header does not say Redis: tls, gRPC: tcp:\n%s", stdout)
+	}
+	for _, w := range []string{
+		`redis \(tls\) --redis.url rediss://127\.0\.0\.1:\d+ --redis.tls.ca /\S+/tls/ca\.pem`,
+		`REDIS_SOCKET_TYPE=tcp REDIS_TYPE=SINGLE REDIS_URL=127\.0\.0\.1:\d+ REDIS_TLS=true REDIS_TLS_CACERT=/\S+/tls/ca\.pem`,
+	} {
+		if !regexp.MustCompile(w).MatchString(stderr) {
+			t.Errorf("the script's log does not match %q:\n%s", w, stderr)
+		}
+	}
+}
+
 // incumbentPrefix starts the label of an envoyproxy/ratelimit row.
 const incumbentPrefix = "ratelimit: "
 

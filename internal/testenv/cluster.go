@@ -29,8 +29,10 @@ const (
 type ClusterOption func(*clusterConfig)
 
 type clusterConfig struct {
-	replicas int
-	args     []string
+	replicas   int
+	args       []string
+	tls        bool
+	clientAuth bool
 }
 
 // WithClusterReplicas gives every master n replicas (default 0).
@@ -41,6 +43,16 @@ func WithClusterReplicas(n int) ClusterOption {
 // WithClusterArgs appends extra redis-server arguments to every node.
 func WithClusterArgs(args ...string) ClusterOption {
 	return func(c *clusterConfig) { c.args = append(c.args, args...) }
+}
+
+// WithClusterTLS makes every node serve TLS on a second port as well, with
+// certificates of one new authority (Cluster.TLS), and speak TLS on the
+// cluster bus and to its master (tls-cluster and tls-replication yes).
+// CLUSTER SLOTS then names the nodes' TLS ports to a client on TLS and their
+// plain ports to the others, such as the helpers' own clients. With
+// clientAuth a client must present a certificate signed by the authority.
+func WithClusterTLS(clientAuth bool) ClusterOption {
+	return func(c *clusterConfig) { c.tls, c.clientAuth = true, clientAuth }
 }
 
 // Cluster is a Redis Cluster of three masters (and optional replicas) on
@@ -55,6 +67,11 @@ type Cluster struct {
 	// Replicas[i] are the replicas of Masters[i] (empty without
 	// WithClusterReplicas).
 	Replicas [][]*Redis
+	// TLSAddrs are the masters' TLS addresses, in the order of Addrs, and
+	// TLS the certificates every node serves (WithClusterTLS; empty
+	// otherwise).
+	TLSAddrs []string
+	TLS      *TLSFiles
 
 	t      testing.TB
 	mu     sync.Mutex
@@ -74,6 +91,11 @@ func RedisCluster(t testing.TB, opts ...ClusterOption) *Cluster {
 	bin := redisServerBinary(t)
 	c := &Cluster{t: t, Replicas: make([][]*Redis, clusterMasters)}
 	t.Cleanup(c.cleanup)
+	args := cfg.args
+	if cfg.tls {
+		c.TLS = NewTLSFiles(t)
+		args = append([]string{"--tls-cluster", "yes", "--tls-replication", "yes"}, args...)
+	}
 
 	start := func(name string) *Redis {
 		return startNode(t, nodeSpec{
@@ -84,7 +106,7 @@ func RedisCluster(t testing.TB, opts ...ClusterOption) *Cluster {
 				if err != nil {
 					return nil, fmt.Errorf("find a free cluster bus port: %w", err)
 				}
-				args := append(baseRedisArgs(port, dir),
+				nodeArgs := append(baseRedisArgs(port, dir),
 					"--cluster-enabled", "yes",
 					"--cluster-config-file", "nodes.conf",
 					"--cluster-node-timeout", strconv.Itoa(clusterNodeTimeout),
@@ -94,14 +116,19 @@ func RedisCluster(t testing.TB, opts ...ClusterOption) *Cluster {
 					// replica ping period (default 10 s).
 					"--repl-ping-replica-period", "1",
 				)
-				return append(args, cfg.args...), nil
+				return append(nodeArgs, args...), nil
 			},
+			tls:        c.TLS,
+			clientAuth: cfg.clientAuth,
 		})
 	}
 	for i := 0; i < clusterMasters; i++ {
 		m := start(fmt.Sprintf("cluster-master-%d", i))
 		c.Masters = append(c.Masters, m)
 		c.Addrs = append(c.Addrs, m.Addr)
+		if c.TLS != nil {
+			c.TLSAddrs = append(c.TLSAddrs, m.TLSAddr)
+		}
 		for j := 0; j < cfg.replicas; j++ {
 			c.Replicas[i] = append(c.Replicas[i], start(fmt.Sprintf("cluster-replica-%d-%d", i, j)))
 		}

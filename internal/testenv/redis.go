@@ -44,9 +44,11 @@ var errPortInUse = errors.New("port already in use")
 type RedisOption func(*redisConfig)
 
 type redisConfig struct {
-	args     []string
-	password string
-	socket   bool
+	args       []string
+	password   string
+	socket     bool
+	tls        bool
+	clientAuth bool
 }
 
 // WithArgs appends extra command-line arguments to redis-server, for example
@@ -69,6 +71,14 @@ func WithPassword(password string) RedisOption {
 // TCP port; Redis.Socket is its path.
 func WithUnixSocket() RedisOption {
 	return func(c *redisConfig) { c.socket = true }
+}
+
+// WithTLS makes redis-server serve TLS on a second port (Redis.TLSAddr)
+// as well as plain TCP on its Addr, which the helpers' own client uses, with
+// certificates of a new authority (Redis.TLS). With clientAuth a client
+// must present a certificate signed by it (Redis's tls-auth-clients yes).
+func WithTLS(clientAuth bool) RedisOption {
+	return func(c *redisConfig) { c.tls, c.clientAuth = true, clientAuth }
 }
 
 // WithReplicaOf starts redis-server as a replica of the server at addr
@@ -94,6 +104,12 @@ type Redis struct {
 	// Socket is the path of the server's Unix socket, "" unless started
 	// WithUnixSocket.
 	Socket string
+	// TLSAddr is "127.0.0.1:<TLSPort>", where the server serves TLS with
+	// the certificates TLS; both are empty unless it was started WithTLS
+	// (or in a Cluster WithClusterTLS).
+	TLSAddr string
+	TLSPort int
+	TLS     *TLSFiles
 
 	t        testing.TB
 	name     string
@@ -123,6 +139,11 @@ type nodeSpec struct {
 	// args returns the full argument list for a server on port, with dir as its
 	// working and data directory. It is called again for every attempt.
 	args func(port int, dir string) ([]string, error)
+	// tls, when set, makes the server serve TLS with these certificates on
+	// a second free port as well, asking clients for a certificate when
+	// clientAuth is set.
+	tls        *TLSFiles
+	clientAuth bool
 }
 
 // RedisServer starts a standalone redis-server on a free loopback port with
@@ -139,14 +160,19 @@ func RedisServer(t testing.TB, opts ...RedisOption) *Redis {
 		socket = SocketPath(t, "redis.sock")
 		cfg.args = append(cfg.args, "--unixsocket", socket, "--unixsocketperm", "700")
 	}
-	r := startNode(t, nodeSpec{
+	spec := nodeSpec{
 		name:     "redis-server",
 		bin:      redisServerBinary(t),
 		password: cfg.password,
 		args: func(port int, dir string) ([]string, error) {
 			return append(baseRedisArgs(port, dir), cfg.args...), nil
 		},
-	})
+		clientAuth: cfg.clientAuth,
+	}
+	if cfg.tls {
+		spec.tls = NewTLSFiles(t)
+	}
+	r := startNode(t, spec)
 	r.Socket = socket
 	return r
 }
@@ -200,8 +226,18 @@ func startNode(t testing.TB, spec nodeSpec) *Redis {
 		if err != nil {
 			t.Fatalf("testenv: %s: %v", spec.name, err)
 		}
+		tlsPort := 0
+		if spec.tls != nil {
+			if tlsPort, err = freePort(); err != nil {
+				t.Fatalf("testenv: %s: find a free TLS port: %v", spec.name, err)
+			}
+			args = append(args, spec.tls.redisArgs(tlsPort, spec.clientAuth)...)
+		}
 		r.mu.Lock()
 		r.Port, r.Addr, r.args = port, loopbackAddr(port), args
+		if spec.tls != nil {
+			r.TLSPort, r.TLSAddr, r.TLS = tlsPort, loopbackAddr(tlsPort), spec.tls
+		}
 		err = r.startLocked()
 		r.mu.Unlock()
 		if err == nil {
@@ -397,6 +433,9 @@ type Client struct {
 	// Addr is the peer's address: "ip:port", or "<socket path>:0" for a
 	// connection on the Unix socket.
 	Addr string
+	// LocalAddr is the server's address the connection came in on: its
+	// TCP port's, its TLS port's, or "<socket path>:0".
+	LocalAddr string
 	// Flags are CLIENT LIST's flags ("U" for a Unix socket client, "N"
 	// for none).
 	Flags string
@@ -433,6 +472,8 @@ func (r *Redis) Clients(t testing.TB) []Client {
 				self = v == strconv.FormatInt(id, 10)
 			case "addr":
 				cl.Addr = v
+			case "laddr":
+				cl.LocalAddr = v
 			case "flags":
 				cl.Flags = v
 			}
@@ -449,10 +490,25 @@ func (r *Redis) Clients(t testing.TB) []Client {
 // (WithUnixSocket): whoever connected used the socket, not the TCP port.
 func (r *Redis) CheckClientsOnSocket(t testing.TB) {
 	t.Helper()
+	r.checkClients(t, "the socket "+r.Socket, func(c Client) bool { return c.OnSocket(r.Socket) })
+}
+
+// CheckClientsOnTLS fails the test unless the server has client
+// connections (but the asker's) and every one came in on its TLS port
+// (WithTLS): whoever connected spoke TLS, not plain TCP.
+func (r *Redis) CheckClientsOnTLS(t testing.TB) {
+	t.Helper()
+	r.checkClients(t, "the TLS port "+r.TLSAddr, func(c Client) bool { return r.TLSAddr != "" && c.LocalAddr == r.TLSAddr })
+}
+
+// checkClients fails the test unless the server has client connections
+// (but the asker's) and on holds for every one.
+func (r *Redis) checkClients(t testing.TB, where string, on func(Client) bool) {
+	t.Helper()
 	clients := r.Clients(t)
 	for _, c := range clients {
-		if !c.OnSocket(r.Socket) {
-			t.Errorf("connection %+v is not on the socket %s", c, r.Socket)
+		if !on(c) {
+			t.Errorf("connection %+v is not on %s", c, where)
 		}
 	}
 	if len(clients) == 0 {

@@ -2,11 +2,14 @@ package testenv
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"runtime"
 	"strings"
@@ -124,6 +127,49 @@ func TestRedisServerPassword(t *testing.T) {
 	t.Cleanup(func() { anon.Close() })
 	if err := anon.Get(ctx, "k").Err(); err == nil || !strings.Contains(err.Error(), "NOAUTH") {
 		t.Fatalf("GET without password = %v, want NOAUTH", err)
+	}
+}
+
+// TestRedisServerTLS: WithTLS(true) serves TLS on TLSAddr to a client with
+// a certificate of its authority and refuses one without, keeps plain TCP
+// on Addr for the helpers, and CheckClientsOnTLS tells the two apart.
+func TestRedisServerTLS(t *testing.T) {
+	t.Parallel()
+	r := RedisServer(t, WithTLS(true))
+	ctx := testContext(t, 30*time.Second)
+	ca, err := os.ReadFile(r.TLS.CA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(ca) {
+		t.Fatalf("no certificate in %s", r.TLS.CA)
+	}
+	cert, err := tls.LoadX509KeyPair(r.TLS.ClientCert, r.TLS.ClientKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := func(cfg *tls.Config) *redis.Client {
+		c := redis.NewClient(&redis.Options{Addr: r.TLSAddr, TLSConfig: cfg, MaxRetries: -1})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	if err := client(&tls.Config{RootCAs: roots, Certificates: []tls.Certificate{cert}, ServerName: "localhost"}).Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING over TLS with a client certificate: %v", err)
+	}
+	if err := client(&tls.Config{RootCAs: roots, ServerName: "localhost"}).Ping(ctx).Err(); err == nil {
+		t.Error("PING over TLS without a client certificate succeeded; tls-auth-clients yes refuses it")
+	}
+	r.CheckClientsOnTLS(t)
+
+	plain := redis.NewClient(&redis.Options{Addr: r.Addr})
+	defer plain.Close()
+	if err := plain.Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING on the plain port: %v", err)
+	}
+	rec := record(t, r.CheckClientsOnTLS)
+	if len(rec.errs) != 1 || !strings.Contains(rec.errs[0], "is not on the TLS port "+r.TLSAddr) {
+		t.Errorf("CheckClientsOnTLS with a plain client reported %q (fatal %q), want that client", rec.errs, rec.msg)
 	}
 }
 
@@ -298,32 +344,45 @@ func TestEnvoyBinaryFromEnv(t *testing.T) {
 	}
 }
 
-// fatalRecorder is a testing.TB whose Fatalf records the message and ends
-// the calling goroutine, so a test can check how a helper fails.
-type fatalRecorder struct {
+// recorder is a testing.TB whose Fatalf and Errorf record the message,
+// Fatalf ending the calling goroutine, so a test can check how a helper
+// fails.
+type recorder struct {
 	testing.TB
-	msg string
+	msg  string   // Fatalf's
+	errs []string // Errorf's
 }
 
-func (f *fatalRecorder) Helper() {}
+func (f *recorder) Helper() {}
 
-func (f *fatalRecorder) Fatalf(format string, args ...any) {
+func (f *recorder) Fatalf(format string, args ...any) {
 	f.msg = fmt.Sprintf(format, args...)
 	runtime.Goexit()
 }
 
-// fatalOf runs fn with a fatalRecorder and returns what it passed to Fatalf
-// ("" when fn returned normally).
-func fatalOf(t *testing.T, fn func(tb testing.TB)) string {
+func (f *recorder) Errorf(format string, args ...any) {
+	f.errs = append(f.errs, fmt.Sprintf(format, args...))
+}
+
+// record runs fn with a recorder, on a goroutine of its own, and returns
+// the recorder once fn returned or called Fatalf.
+func record(t *testing.T, fn func(tb testing.TB)) *recorder {
 	t.Helper()
-	rec := &fatalRecorder{TB: t}
+	rec := &recorder{TB: t}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		fn(rec)
 	}()
 	<-done
-	return rec.msg
+	return rec
+}
+
+// fatalOf runs fn with a recorder and returns what it passed to Fatalf
+// ("" when fn returned normally).
+func fatalOf(t *testing.T, fn func(tb testing.TB)) string {
+	t.Helper()
+	return record(t, fn).msg
 }
 
 func TestMissingBinariesFailWithInstallHint(t *testing.T) {

@@ -2,6 +2,7 @@ package failsoft
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -126,10 +127,10 @@ func Share(lim limiter.Limit, n int) limiter.Limit {
 type kinded interface{ StoreErrorKind() string }
 
 // errorKind classifies a store error for Observer.StoreError: an error in the
-// chain implementing StoreErrorKind() string names itself; otherwise
-// "timeout", "connection", "cluster" (a topology change: CLUSTERDOWN,
-// TRYAGAIN, MOVED/ASK, READONLY, MASTERDOWN, LOADING, no reachable master) or
-// "other".
+// chain implementing StoreErrorKind() string names itself; otherwise "tls"
+// (a TLS handshake that failed, see isTLS), "timeout", "connection",
+// "cluster" (a topology change: CLUSTERDOWN, TRYAGAIN, MOVED/ASK, READONLY,
+// MASTERDOWN, LOADING, no reachable master) or "other".
 func errorKind(err error) string {
 	var k kinded
 	if errors.As(err, &k) {
@@ -137,6 +138,8 @@ func errorKind(err error) string {
 	}
 	var ne net.Error
 	switch {
+	case isTLS(err):
+		return "tls"
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
 		return "timeout"
 	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
@@ -155,4 +158,19 @@ func errorKind(err error) string {
 		return "connection"
 	}
 	return "other"
+}
+
+// isTLS reports a TLS handshake that failed: our end did not verify the
+// server's certificate (an unknown authority, another name, expired), the
+// server refused ours or sent another alert (crypto/tls reports an alert,
+// either end's, as a net.OpError of Op "remote error" or "local error"), or
+// the server does not speak TLS. A Redis that refuses a plain connection on
+// its TLS port just closes it, which reads as "connection".
+func isTLS(err error) bool {
+	var cv *tls.CertificateVerificationError
+	var rh tls.RecordHeaderError
+	var ae tls.AlertError
+	var oe *net.OpError
+	return errors.As(err, &cv) || errors.As(err, &rh) || errors.As(err, &ae) ||
+		errors.As(err, &oe) && (oe.Op == "remote error" || oe.Op == "local error")
 }

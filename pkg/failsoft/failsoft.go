@@ -66,8 +66,9 @@ type Observer interface {
 	// "open".
 	BreakerState(state string)
 	// StoreError counts one failed store call by kind: "timeout",
-	// "connection", "cluster", "other", or "circuit_open" for a Check that
-	// the open (or saturated half-open) breaker kept from the store.
+	// "connection", "tls", "cluster", "other", or "circuit_open" for a
+	// Check that the open (or saturated half-open) breaker kept from the
+	// store.
 	StoreError(kind string)
 }
 

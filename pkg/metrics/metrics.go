@@ -81,7 +81,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		}),
 		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "envoy_rls_store_errors_total",
-			Help: "Store calls that failed, by kind: timeout, connection, cluster, other, circuit_open (kept from the store by the open circuit breaker).",
+			Help: "Store calls that failed, by kind: timeout, connection, tls, cluster, other, circuit_open (kept from the store by the open circuit breaker).",
 		}, []string{"kind"}),
 		fallbackActive: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "envoy_rls_fallback_active",

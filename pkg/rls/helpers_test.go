@@ -1,7 +1,6 @@
 package rls
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -20,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/envoy-rls/envoy-rls/internal/testenv"
 	"github.com/envoy-rls/envoy-rls/pkg/descriptors"
 	"github.com/envoy-rls/envoy-rls/pkg/memorybackend"
 )
@@ -73,24 +73,6 @@ func (r *recorder) take() []Decision {
 	return d
 }
 
-// syncBuffer is a bytes.Buffer safe for the logger's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // env is a real gRPC server on loopback serving a Service over the memory
 // backend, and a client connected to it.
 type env struct {
@@ -98,7 +80,7 @@ type env struct {
 	clock   *clock
 	svc     *Service
 	obs     *recorder
-	logs    *syncBuffer
+	logs    *testenv.Buffer
 	conn    *grpc.ClientConn
 	client  rlsv3.RateLimitServiceClient
 	backend *memorybackend.Backend
@@ -125,7 +107,7 @@ func loadConfig(t testing.TB, files map[string]string) *descriptors.Config {
 // uses the Codec, as serve's does.
 func newEnv(t *testing.T, files map[string]string, opts Options, sopts ...grpc.ServerOption) *env {
 	t.Helper()
-	e := &env{t: t, clock: &clock{}, obs: &recorder{}, logs: &syncBuffer{}}
+	e := &env{t: t, clock: &clock{}, obs: &recorder{}, logs: &testenv.Buffer{}}
 	e.clock.Set(t0)
 	e.backend = memorybackend.New(memorybackend.Options{Now: e.clock.Now, SweepInterval: -1})
 	t.Cleanup(func() { e.backend.Close() })

@@ -1,0 +1,137 @@
+package testenv
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// TLSFiles are the PEM files of a certificate authority made for one test,
+// and of a server and a client certificate it signed, in a temporary
+// directory.
+type TLSFiles struct {
+	// CA is the authority's certificate.
+	CA string
+	// Cert and Key are the server's certificate, for the IP 127.0.0.1 and
+	// the name localhost, and its key. The certificate serves as a client
+	// certificate too, as a Redis Cluster's nodes present theirs to one
+	// another.
+	Cert, Key string
+	// ClientCert and ClientKey are a client certificate (for the name
+	// client) and its key.
+	ClientCert, ClientKey string
+}
+
+// NewTLSFiles makes a new authority and its server and client certificates
+// (ECDSA P-256, valid from an hour ago for a day). Each call makes a
+// different authority, which trusts none of another's certificates.
+func NewTLSFiles(t testing.TB) *TLSFiles {
+	t.Helper()
+	f, err := newTLSFiles(t.TempDir())
+	if err != nil {
+		t.Fatalf("testenv: TLS certificates: %v", err)
+	}
+	return f
+}
+
+func newTLSFiles(dir string) (*TLSFiles, error) {
+	f := &TLSFiles{
+		CA:         filepath.Join(dir, "ca.pem"),
+		Cert:       filepath.Join(dir, "server.pem"),
+		Key:        filepath.Join(dir, "server-key.pem"),
+		ClientCert: filepath.Join(dir, "client.pem"),
+		ClientKey:  filepath.Join(dir, "client-key.pem"),
+	}
+	now := time.Now()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	ca := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "envoy-rls test CA"},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.Add(24 * time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	if err != nil {
+		return nil, fmt.Errorf("CA: %w", err)
+	}
+	if err := writePEM(f.CA, "CERTIFICATE", caDER); err != nil {
+		return nil, err
+	}
+	leaf := func(serial int64, name string, usage []x509.ExtKeyUsage, ips []net.IP, certFile, keyFile string) error {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			return err
+		}
+		tmpl := &x509.Certificate{
+			SerialNumber: big.NewInt(serial),
+			Subject:      pkix.Name{CommonName: name},
+			DNSNames:     []string{name},
+			IPAddresses:  ips,
+			NotBefore:    now.Add(-time.Hour),
+			NotAfter:     now.Add(24 * time.Hour),
+			KeyUsage:     x509.KeyUsageDigitalSignature,
+			ExtKeyUsage:  usage,
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+		if err != nil {
+			return fmt.Errorf("certificate %s: %w", name, err)
+		}
+		kder, err := x509.MarshalECPrivateKey(key)
+		if err != nil {
+			return fmt.Errorf("key %s: %w", name, err)
+		}
+		if err := writePEM(certFile, "CERTIFICATE", der); err != nil {
+			return err
+		}
+		return writePEM(keyFile, "EC PRIVATE KEY", kder)
+	}
+	both := []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
+	if err := leaf(2, "localhost", both, []net.IP{net.IPv4(127, 0, 0, 1)}, f.Cert, f.Key); err != nil {
+		return nil, err
+	}
+	if err := leaf(3, "client", []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, nil, f.ClientCert, f.ClientKey); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+func writePEM(path, typ string, der []byte) error {
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
+// redisArgs are redis-server's arguments to serve TLS on port with f's
+// certificates, asking clients for a certificate signed by f.CA when
+// clientAuth is set (tls-auth-clients yes) and accepting them without one
+// otherwise (optional: one that is presented is still verified).
+func (f *TLSFiles) redisArgs(port int, clientAuth bool) []string {
+	auth := "optional"
+	if clientAuth {
+		auth = "yes"
+	}
+	return []string{
+		"--tls-port", fmt.Sprint(port),
+		"--tls-cert-file", f.Cert,
+		"--tls-key-file", f.Key,
+		"--tls-ca-cert-file", f.CA,
+		"--tls-auth-clients", auth,
+	}
+}

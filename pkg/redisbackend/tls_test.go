@@ -1,0 +1,167 @@
+package redisbackend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/envoy-rls/envoy-rls/internal/testenv"
+	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+)
+
+// TestTLS: a Redis that serves TLS and asks for a client certificate
+// (tls-auth-clients yes) is reached with TLSConfig's configuration, on a
+// rediss:// URL and on a redis:// one alike (the configuration turns TLS
+// on): every connection the Backend opens came in on the TLS port, and four
+// instances hammering one key over TLS admit exactly the model's count for
+// every algorithm. A configuration Redis or the client must refuse is an
+// error wrapping limiter.ErrUnavailable that names the cause, never a
+// decision.
+func TestTLS(t *testing.T) {
+	r := testenv.RedisServer(t, testenv.WithTLS(true))
+	f := r.TLS
+	other := testenv.NewTLSFiles(t) // an authority that signed none of r's certificates
+	ctx := context.Background()
+	tlsConfig := func(t *testing.T, ca, cert, key, serverName string, insecure bool) Options {
+		t.Helper()
+		cfg, err := TLSConfig(ca, cert, key, serverName, insecure)
+		if err != nil {
+			t.Fatalf("TLSConfig: %v", err)
+		}
+		return Options{URL: "rediss://" + r.TLSAddr, TLS: cfg, KeyPrefix: "tls:", Timeout: testTimeout}
+	}
+	check := func(t *testing.T, o Options) ([]limiter.Result, error) {
+		t.Helper()
+		b, err := New(o)
+		if err != nil {
+			t.Fatalf("New: %v", err)
+		}
+		t.Cleanup(func() { b.Close() }) // its connections stay for CheckClientsOnTLS
+		res := make([]limiter.Result, 1)
+		req := []limiter.Request{{Key: key(t.Name()), Limit: limiter.Limit{Requests: 10, Window: time.Minute}, Hits: 1}}
+		return res, b.Check(ctx, req, res)
+	}
+
+	t.Run("accepted", func(t *testing.T) {
+		for _, c := range []struct {
+			name string
+			o    Options
+		}{
+			{"mutual", tlsConfig(t, f.CA, f.ClientCert, f.ClientKey, "", false)},
+			{"server name", tlsConfig(t, f.CA, f.ClientCert, f.ClientKey, "localhost", false)},
+			{"redis:// with a configuration", func() Options {
+				o := tlsConfig(t, f.CA, f.ClientCert, f.ClientKey, "", false)
+				o.URL = "redis://" + r.TLSAddr
+				return o
+			}()},
+			{"unverified", tlsConfig(t, other.CA, f.ClientCert, f.ClientKey, "", true)},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				res, err := check(t, c.o)
+				if err != nil || !res[0].Allowed {
+					t.Fatalf("Check = %v, %+v; want allowed", err, res[0])
+				}
+				r.CheckClientsOnTLS(t)
+			})
+		}
+	})
+
+	t.Run("refused", func(t *testing.T) {
+		// When Redis refuses envoy-rls's certificate, TLS 1.3 tells the
+		// client at its first read: a write that comes first meets the
+		// closed connection instead.
+		refusedByRedis := []string{"remote error: tls", "connection reset by peer", "broken pipe", "EOF"}
+		for _, c := range []struct {
+			name string
+			o    Options
+			want []string // the error names one of them
+		}{
+			{"no client certificate", tlsConfig(t, f.CA, "", "", "", false), refusedByRedis},
+			{"client certificate of another authority", tlsConfig(t, f.CA, other.ClientCert, other.ClientKey, "", false), refusedByRedis},
+			{"server of another authority", tlsConfig(t, other.CA, f.ClientCert, f.ClientKey, "", false), []string{"certificate signed by unknown authority"}},
+			{"system authorities", Options{URL: "rediss://" + r.TLSAddr, KeyPrefix: "tls:", Timeout: testTimeout}, []string{"certificate signed by unknown authority"}},
+			{"another server name", tlsConfig(t, f.CA, f.ClientCert, f.ClientKey, "redis.example", false), []string{"certificate is valid for localhost, not redis.example"}},
+			{"plain TCP", Options{URL: "redis://" + r.TLSAddr, KeyPrefix: "tls:", Timeout: 5 * time.Second}, []string{"EOF", "connection reset by peer"}},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				_, err := check(t, c.o)
+				named := err != nil && slices.ContainsFunc(c.want, func(w string) bool { return strings.Contains(err.Error(), w) })
+				if !errors.Is(err, limiter.ErrUnavailable) || !named {
+					t.Fatalf("Check = %v; want ErrUnavailable naming one of %q", err, c.want)
+				}
+			})
+		}
+	})
+
+	t.Run("hammer", func(t *testing.T) {
+		o := tlsConfig(t, f.CA, f.ClientCert, f.ClientKey, "", false)
+		hammerAll(t, func(t *testing.T, now func() time.Time) limiter.Limiter {
+			b, err := New(Options{URL: o.URL, TLS: o.TLS, KeyPrefix: DefaultKeyPrefix, Now: now, Timeout: testTimeout})
+			if err != nil {
+				t.Fatalf("New: %v", err)
+			}
+			t.Cleanup(func() { b.Close() })
+			return b
+		})
+	})
+}
+
+// TestTLSCluster: a Redis Cluster whose nodes serve TLS, ask for a client
+// certificate and name their TLS ports to a client on TLS (tls-cluster yes)
+// is reached from its masters' TLS addresses: the slots' calls of one Check
+// go to every master over TLS, and four instances hammering one key admit
+// exactly the model's count for every algorithm.
+func TestTLSCluster(t *testing.T) {
+	c := testenv.RedisCluster(t, testenv.WithClusterTLS(true))
+	f := c.TLS
+	cfg, err := TLSConfig(f.CA, f.ClientCert, f.ClientKey, "", false)
+	if err != nil {
+		t.Fatalf("TLSConfig: %v", err)
+	}
+	newTLS := func(t *testing.T, prefix string, now func() time.Time) *Backend {
+		t.Helper()
+		b, err := New(Options{ClusterAddrs: c.TLSAddrs, TLS: cfg, KeyPrefix: prefix, Now: now, Timeout: testTimeout})
+		if err != nil {
+			t.Fatalf("New: %v", err)
+		}
+		t.Cleanup(func() { b.Close() })
+		return b
+	}
+
+	t.Run("every master", func(t *testing.T) {
+		b := newTLS(t, "tlsc:", nil)
+		// One key per master: each slot's call reaches its master.
+		l := limiter.Limit{Requests: 10, Window: time.Minute}
+		var reqs []limiter.Request
+		owners := map[*testenv.Redis]bool{}
+		for i := 0; len(reqs) < len(c.Masters); i++ {
+			req := limiter.Request{Key: key(t.Name(), fmt.Sprint(i)), Limit: l, Hits: 1}
+			if m := c.MasterForKey(baseKey("tlsc:", req)); !owners[m] {
+				owners[m] = true
+				reqs = append(reqs, req)
+			}
+		}
+		res := make([]limiter.Result, len(reqs))
+		if err := b.Check(context.Background(), reqs, res); err != nil {
+			t.Fatalf("Check: %v", err)
+		}
+		for i, r := range res {
+			if !r.Allowed {
+				t.Errorf("request %d: %+v, want allowed", i, r)
+			}
+		}
+		for _, m := range c.Masters {
+			m.CheckClientsOnTLS(t)
+		}
+	})
+
+	t.Run("hammer", func(t *testing.T) {
+		hammerAll(t, func(t *testing.T, now func() time.Time) limiter.Limiter {
+			return newTLS(t, DefaultKeyPrefix, now)
+		})
+	})
+}
