@@ -364,7 +364,8 @@ tls_files() {
 	printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >"$d/ext"
 	{
 		openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
-			-subj "/CN=envoy-rls bench CA" -keyout "$d/ca.key" -out "$d/ca.pem" &&
+			-subj "/CN=envoy-rls bench CA" -keyout "$d/ca.key" -out "$d/ca.pem" \
+			-addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign &&
 			openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
 				-subj "/CN=localhost" -keyout "$d/server.key" -out "$d/server.csr" &&
 			openssl x509 -req -in "$d/server.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial \
@@ -418,6 +419,7 @@ if [ "$needs_rls" = 1 ]; then
 	elif [ "$BENCH_REDIS" = tls ]; then
 		tls_files
 		start_redis redis
+		log "redis: plain TCP on $REDIS_PORT (the readiness probe's), TLS on $REDIS_TLS_PORT"
 		REDIS_CPU+=(--cpu "redis=$REDIS_PID")
 		REDIS_FLAG=(--redis.url "rediss://127.0.0.1:$REDIS_TLS_PORT" --redis.tls.ca "$TMP/tls/ca.pem")
 	else

@@ -118,9 +118,11 @@ func TestMakeBenchUnix(t *testing.T) {
 }
 
 // TestMakeBenchTLS: BENCH_REDIS=tls runs envoy-rls and the incumbent on a
-// Redis reached over TLS only: both are given its TLS port and the CA the
-// script made, and a server that spoke plain TCP there would answer every
-// request with an error (runBench counts them).
+// Redis reached over TLS: both are given its TLS port (not its plain one,
+// which the script's readiness probe uses) and the CA the script made. The
+// script waits for envoy-rls's /readyz, which pings Redis, and the incumbent
+// stops at start when its PING fails, so neither runs unless it speaks TLS
+// there.
 func TestMakeBenchTLS(t *testing.T) {
 	var want []row
 	for _, l := range []string{"1 key", "3 desc, 100k"} {
@@ -131,9 +133,13 @@ func TestMakeBenchTLS(t *testing.T) {
 	if !strings.Contains(stdout, "Redis: tls, gRPC: tcp") {
 		t.Errorf("the table's header does not say Redis: tls, gRPC: tcp:\n%s", stdout)
 	}
+	ports := regexp.MustCompile(`redis: plain TCP on (\d+) \(the readiness probe's\), TLS on (\d+)`).FindStringSubmatch(stderr)
+	if ports == nil || ports[1] == ports[2] {
+		t.Fatalf("the script's log does not name Redis's plain and TLS ports:\n%s", stderr)
+	}
 	for _, w := range []string{
-		`redis \(tls\) --redis.url rediss://127\.0\.0\.1:\d+ --redis.tls.ca /\S+/tls/ca\.pem`,
-		`REDIS_SOCKET_TYPE=tcp REDIS_TYPE=SINGLE REDIS_URL=127\.0\.0\.1:\d+ REDIS_TLS=true REDIS_TLS_CACERT=/\S+/tls/ca\.pem`,
+		`redis \(tls\) --redis.url rediss://127\.0\.0\.1:` + ports[2] + ` --redis.tls.ca /\S+/tls/ca\.pem`,
+		`REDIS_SOCKET_TYPE=tcp REDIS_TYPE=SINGLE REDIS_URL=127\.0\.0\.1:` + ports[2] + ` REDIS_TLS=true REDIS_TLS_CACERT=/\S+/tls/ca\.pem`,
 	} {
 		if !regexp.MustCompile(w).MatchString(stderr) {
 			t.Errorf("the script's log does not match %q:\n%s", w, stderr)

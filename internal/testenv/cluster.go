@@ -203,9 +203,27 @@ func (c *Cluster) create(ctx context.Context) error {
 
 // waitHealthy waits until every node says cluster_state:ok and reports the
 // same slot map with the expected masters and replicas, and every replica's
-// link to its master is up.
+// link to its master is up. With WithClusterTLS every node must also name
+// the TLS addresses to a client on TLS: a node shows the port a peer was
+// met on until that peer's first ping tells it the TLS one.
 func (c *Cluster) waitHealthy(ctx context.Context) error {
-	want := c.expectedSlots()
+	want, wantTLS := c.expectedSlots(func(n *Redis) string { return n.Addr }), []string(nil)
+	tlsClients := map[*Redis]*redis.Client{}
+	if c.TLS != nil {
+		wantTLS = c.expectedSlots(func(n *Redis) string { return n.TLSAddr })
+		cfg, err := c.TLS.ClientConfig()
+		if err != nil {
+			return err
+		}
+		for _, n := range c.Nodes() {
+			tlsClients[n] = redis.NewClient(&redis.Options{Addr: n.TLSAddr, TLSConfig: cfg, MaxRetries: -1})
+		}
+		defer func() {
+			for _, cl := range tlsClients {
+				_ = cl.Close()
+			}
+		}()
+	}
 	return poll(ctx, func() error {
 		for _, n := range c.Nodes() {
 			info, err := n.Client().ClusterInfo(ctx).Result()
@@ -221,6 +239,15 @@ func (c *Cluster) waitHealthy(ctx context.Context) error {
 			}
 			if !slices.Equal(got, want) {
 				return fmt.Errorf("%s: slot map %v, want %v", n.Addr, got, want)
+			}
+			if cl := tlsClients[n]; cl != nil {
+				got, err := clientSlotMap(ctx, cl)
+				if err != nil {
+					return err
+				}
+				if !slices.Equal(got, wantTLS) {
+					return fmt.Errorf("%s: slot map over TLS %v, want %v", n.TLSAddr, got, wantTLS)
+				}
 			}
 		}
 		for _, rs := range c.Replicas {
@@ -304,14 +331,15 @@ func (c *Cluster) checkOwners(ctx context.Context, n *Redis) error {
 	return nil
 }
 
-// expectedSlots renders the slot map as slotMap does, from the creation plan.
-func (c *Cluster) expectedSlots() []string {
+// expectedSlots renders the slot map as slotMap does, from the creation
+// plan, naming each node by addr.
+func (c *Cluster) expectedSlots(addr func(*Redis) string) []string {
 	var out []string
 	for i, m := range c.Masters {
 		first, last := slotRange(i)
-		addrs := []string{m.Addr}
+		addrs := []string{addr(m)}
 		for _, r := range c.Replicas[i] {
-			addrs = append(addrs, r.Addr)
+			addrs = append(addrs, addr(r))
 		}
 		slices.Sort(addrs[1:])
 		out = append(out, fmt.Sprintf("%d-%d:%s", first, last, strings.Join(addrs, ",")))
@@ -323,9 +351,14 @@ func (c *Cluster) expectedSlots() []string {
 // slotMap returns n's view of the cluster as sorted
 // "first-last:master,replica..." strings (replicas sorted).
 func slotMap(ctx context.Context, n *Redis) ([]string, error) {
-	slots, err := n.Client().ClusterSlots(ctx).Result()
+	return clientSlotMap(ctx, n.Client())
+}
+
+// clientSlotMap is slotMap of the node cl is connected to.
+func clientSlotMap(ctx context.Context, cl *redis.Client) ([]string, error) {
+	slots, err := cl.ClusterSlots(ctx).Result()
 	if err != nil {
-		return nil, fmt.Errorf("%s: CLUSTER SLOTS: %w", n.Addr, err)
+		return nil, fmt.Errorf("%s: CLUSTER SLOTS: %w", cl.Options().Addr, err)
 	}
 	var out []string
 	for _, s := range slots {

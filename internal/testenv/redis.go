@@ -47,7 +47,8 @@ type redisConfig struct {
 	args       []string
 	password   string
 	socket     bool
-	tls        bool
+	tls        *TLSFiles // nil: a new authority's, made at start (WithTLS)
+	withTLS    bool
 	clientAuth bool
 }
 
@@ -78,7 +79,13 @@ func WithUnixSocket() RedisOption {
 // certificates of a new authority (Redis.TLS). With clientAuth a client
 // must present a certificate signed by it (Redis's tls-auth-clients yes).
 func WithTLS(clientAuth bool) RedisOption {
-	return func(c *redisConfig) { c.tls, c.clientAuth = true, clientAuth }
+	return func(c *redisConfig) { c.withTLS, c.clientAuth = true, clientAuth }
+}
+
+// withTLSFiles is WithTLS with the certificates f, which other servers of
+// a setup share.
+func withTLSFiles(f *TLSFiles, clientAuth bool) RedisOption {
+	return func(c *redisConfig) { c.withTLS, c.tls, c.clientAuth = true, f, clientAuth }
 }
 
 // WithReplicaOf starts redis-server as a replica of the server at addr
@@ -105,8 +112,9 @@ type Redis struct {
 	// WithUnixSocket.
 	Socket string
 	// TLSAddr is "127.0.0.1:<TLSPort>", where the server serves TLS with
-	// the certificates TLS; both are empty unless it was started WithTLS
-	// (or in a Cluster WithClusterTLS).
+	// the certificates TLS; all three are unset (empty, 0, nil) unless it
+	// was started WithTLS (or in a Cluster WithClusterTLS, or a Sentinel
+	// setup WithSentinelTLS).
 	TLSAddr string
 	TLSPort int
 	TLS     *TLSFiles
@@ -167,9 +175,10 @@ func RedisServer(t testing.TB, opts ...RedisOption) *Redis {
 		args: func(port int, dir string) ([]string, error) {
 			return append(baseRedisArgs(port, dir), cfg.args...), nil
 		},
+		tls:        cfg.tls,
 		clientAuth: cfg.clientAuth,
 	}
-	if cfg.tls {
+	if cfg.withTLS && spec.tls == nil {
 		spec.tls = NewTLSFiles(t)
 	}
 	r := startNode(t, spec)

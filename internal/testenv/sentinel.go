@@ -47,6 +47,12 @@ type Sentinel struct {
 	Replica *Redis
 	// Sentinels are the sentinel processes (redis-server --sentinel).
 	Sentinels []*Redis
+	// SentinelTLSAddrs are the sentinels' TLS addresses and TLS the
+	// certificates every process serves (WithSentinelTLS; empty
+	// otherwise). With TLS the sentinels name the data nodes by their TLS
+	// addresses.
+	SentinelTLSAddrs []string
+	TLS              *TLSFiles
 
 	t       testing.TB
 	mu      sync.Mutex
@@ -54,22 +60,46 @@ type Sentinel struct {
 	client  *redis.Client
 }
 
+// SentinelOption configures RedisSentinel.
+type SentinelOption func(*sentinelConfig)
+
+type sentinelConfig struct {
+	tls        bool
+	clientAuth bool
+}
+
+// WithSentinelTLS makes every process (master, replica, sentinels) serve
+// TLS on a second port as well, with certificates of one new authority
+// (Sentinel.TLS), and speak TLS to one another (tls-replication yes): the
+// replica replicates from the master's TLS port, and the sentinels monitor
+// it there, so they name the data nodes by their TLS addresses. With
+// clientAuth a client must present a certificate signed by the authority.
+func WithSentinelTLS(clientAuth bool) SentinelOption {
+	return func(c *sentinelConfig) { c.tls, c.clientAuth = true, clientAuth }
+}
+
 // RedisSentinel starts a master, a replica of it, and three sentinels
 // monitoring it, and waits until every sentinel sees the master, the replica
 // and the two other sentinels (so a failover can be authorised). Everything is
 // stopped when the test ends.
-func RedisSentinel(t testing.TB) *Sentinel {
+func RedisSentinel(t testing.TB, opts ...SentinelOption) *Sentinel {
 	t.Helper()
-	bin := redisServerBinary(t)
-	master := RedisServer(t)
-	replica := RedisServer(t, WithReplicaOf(master.Addr))
-	s := &Sentinel{
-		t:          t,
-		MasterName: SentinelMasterName,
-		Master:     master,
-		Replica:    replica,
-		current:    master.Addr,
+	var cfg sentinelConfig
+	for _, o := range opts {
+		o(&cfg)
 	}
+	bin := redisServerBinary(t)
+	s := &Sentinel{t: t, MasterName: SentinelMasterName}
+	var dataOpts []RedisOption
+	if cfg.tls {
+		s.TLS = NewTLSFiles(t)
+		dataOpts = append(dataOpts, withTLSFiles(s.TLS, cfg.clientAuth), WithArgs("--tls-replication", "yes"))
+	}
+	master := RedisServer(t, dataOpts...)
+	s.Master = master
+	replica := RedisServer(t, append(dataOpts, WithReplicaOf(s.advertised(master)))...)
+	s.Replica = replica
+	s.current = s.advertised(master)
 	t.Cleanup(s.cleanup)
 
 	ctx, cancel := context.WithTimeout(context.Background(), sentinelReadyTimeout)
@@ -86,8 +116,8 @@ func RedisSentinel(t testing.TB) *Sentinel {
 			bin:  bin,
 			args: func(port int, dir string) ([]string, error) {
 				conf := filepath.Join(dir, "sentinel.conf")
-				host, mport, _ := net.SplitHostPort(master.Addr)
-				text := strings.Join([]string{
+				host, mport, _ := net.SplitHostPort(s.advertised(master))
+				lines := []string{
 					fmt.Sprintf("port %d", port),
 					"bind 127.0.0.1",
 					"daemonize no",
@@ -97,16 +127,25 @@ func RedisSentinel(t testing.TB) *Sentinel {
 					fmt.Sprintf("sentinel down-after-milliseconds %s %d", SentinelMasterName, sentinelDownAfter),
 					fmt.Sprintf("sentinel failover-timeout %s %d", SentinelMasterName, sentinelFailoverTimeout),
 					fmt.Sprintf("sentinel parallel-syncs %s 1", SentinelMasterName),
-					"",
-				}, "\n")
+				}
+				if cfg.tls {
+					// To the data nodes and to one another.
+					lines = append(lines, "tls-replication yes")
+				}
+				text := strings.Join(append(lines, ""), "\n")
 				if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 					return nil, fmt.Errorf("write sentinel config: %w", err)
 				}
 				return []string{conf, "--sentinel"}, nil
 			},
+			tls:        s.TLS,
+			clientAuth: cfg.clientAuth,
 		})
 		s.Sentinels = append(s.Sentinels, sn)
 		s.SentinelAddrs = append(s.SentinelAddrs, sn.Addr)
+		if s.TLS != nil {
+			s.SentinelTLSAddrs = append(s.SentinelTLSAddrs, sn.TLSAddr)
+		}
 	}
 
 	if err := poll(ctx, s.ready(ctx)); err != nil {
@@ -132,8 +171,8 @@ func (s *Sentinel) ready(ctx context.Context) func() error {
 					sn.Addr, m["flags"], m["num-slaves"], m["num-other-sentinels"])
 			}
 			addr := net.JoinHostPort(m["ip"], m["port"])
-			if addr != s.Master.Addr {
-				return fmt.Errorf("sentinel %s: master %s, want %s", sn.Addr, addr, s.Master.Addr)
+			if want := s.advertised(s.Master); addr != want {
+				return fmt.Errorf("sentinel %s: master %s, want %s", sn.Addr, addr, want)
 			}
 		}
 		return nil
@@ -150,16 +189,32 @@ func (s *Sentinel) sentinelClient(sn *Redis) *redis.SentinelClient {
 	})
 }
 
+// advertised is the address by which the sentinels know the data node n:
+// its TLS address with WithSentinelTLS.
+func (s *Sentinel) advertised(n *Redis) string {
+	if s.TLS != nil {
+		return n.TLSAddr
+	}
+	return n.Addr
+}
+
 // Client returns a go-redis failover client (NewFailoverClient) for the
 // monitored master, created on first use and closed when the test ends.
+// With WithSentinelTLS it speaks TLS to the sentinels and the master, with
+// the client certificate of TLS.
 func (s *Sentinel) Client() *redis.Client {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.client == nil {
-		s.client = redis.NewFailoverClient(&redis.FailoverOptions{
-			MasterName:    s.MasterName,
-			SentinelAddrs: s.SentinelAddrs,
-		})
+		opts := &redis.FailoverOptions{MasterName: s.MasterName, SentinelAddrs: s.SentinelAddrs}
+		if s.TLS != nil {
+			cfg, err := s.TLS.ClientConfig()
+			if err != nil {
+				s.t.Fatalf("testenv: sentinel client: %v", err)
+			}
+			opts.SentinelAddrs, opts.TLSConfig = s.SentinelTLSAddrs, cfg
+		}
+		s.client = redis.NewFailoverClient(opts)
 	}
 	return s.client
 }
@@ -234,10 +289,11 @@ func (s *Sentinel) WaitFailover(ctx context.Context) (string, error) {
 	return addr, nil
 }
 
-// Node returns the data node (Master or Replica) listening on addr, or nil.
+// Node returns the data node (Master or Replica) listening on addr (its
+// plain or its TLS address), or nil.
 func (s *Sentinel) Node(addr string) *Redis {
 	for _, n := range []*Redis{s.Master, s.Replica} {
-		if n.Addr == addr {
+		if n.Addr == addr || (n.TLSAddr != "" && n.TLSAddr == addr) {
 			return n
 		}
 	}

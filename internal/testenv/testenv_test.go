@@ -3,13 +3,11 @@ package testenv
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"runtime"
 	"strings"
@@ -137,15 +135,7 @@ func TestRedisServerTLS(t *testing.T) {
 	t.Parallel()
 	r := RedisServer(t, WithTLS(true))
 	ctx := testContext(t, 30*time.Second)
-	ca, err := os.ReadFile(r.TLS.CA)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	if !roots.AppendCertsFromPEM(ca) {
-		t.Fatalf("no certificate in %s", r.TLS.CA)
-	}
-	cert, err := tls.LoadX509KeyPair(r.TLS.ClientCert, r.TLS.ClientKey)
+	cfg, err := r.TLS.ClientConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,10 +144,12 @@ func TestRedisServerTLS(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 		return c
 	}
-	if err := client(&tls.Config{RootCAs: roots, Certificates: []tls.Certificate{cert}, ServerName: "localhost"}).Ping(ctx).Err(); err != nil {
+	if err := client(cfg).Ping(ctx).Err(); err != nil {
 		t.Fatalf("PING over TLS with a client certificate: %v", err)
 	}
-	if err := client(&tls.Config{RootCAs: roots, ServerName: "localhost"}).Ping(ctx).Err(); err == nil {
+	bare := cfg.Clone()
+	bare.Certificates = nil
+	if err := client(bare).Ping(ctx).Err(); err == nil {
 		t.Error("PING over TLS without a client certificate succeeded; tls-auth-clients yes refuses it")
 	}
 	r.CheckClientsOnTLS(t)

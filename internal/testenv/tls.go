@@ -4,6 +4,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -12,6 +13,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -33,8 +35,9 @@ type TLSFiles struct {
 }
 
 // NewTLSFiles makes a new authority and its server and client certificates
-// (ECDSA P-256, valid from an hour ago for a day). Each call makes a
-// different authority, which trusts none of another's certificates.
+// (ECDSA P-256, valid from an hour ago until a day from now). Each call
+// makes a different authority, with a name of its own, which trusts none of
+// another's certificates.
 func NewTLSFiles(t testing.TB) *TLSFiles {
 	t.Helper()
 	f, err := newTLSFiles(t.TempDir())
@@ -55,11 +58,15 @@ func newTLSFiles(dir string) (*TLSFiles, error) {
 	now := time.Now()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("CA key: %w", err)
+	}
+	serial, err := rand.Int(rand.Reader, big.NewInt(1<<62))
+	if err != nil {
+		return nil, fmt.Errorf("CA serial: %w", err)
 	}
 	ca := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "envoy-rls test CA"},
+		SerialNumber:          serial,
+		Subject:               pkix.Name{CommonName: fmt.Sprintf("envoy-rls test CA %x", serial)},
 		NotBefore:             now.Add(-time.Hour),
 		NotAfter:              now.Add(24 * time.Hour),
 		IsCA:                  true,
@@ -76,7 +83,7 @@ func newTLSFiles(dir string) (*TLSFiles, error) {
 	leaf := func(serial int64, name string, usage []x509.ExtKeyUsage, ips []net.IP, certFile, keyFile string) error {
 		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		if err != nil {
-			return err
+			return fmt.Errorf("key %s: %w", name, err)
 		}
 		tmpl := &x509.Certificate{
 			SerialNumber: big.NewInt(serial),
@@ -111,6 +118,24 @@ func newTLSFiles(dir string) (*TLSFiles, error) {
 	return f, nil
 }
 
+// ClientConfig is a client's TLS configuration for f's servers: it trusts
+// f.CA alone and presents f.ClientCert.
+func (f *TLSFiles) ClientConfig() (*tls.Config, error) {
+	ca, err := os.ReadFile(f.CA)
+	if err != nil {
+		return nil, err
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(ca) {
+		return nil, fmt.Errorf("no certificate in %s", f.CA)
+	}
+	cert, err := tls.LoadX509KeyPair(f.ClientCert, f.ClientKey)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
+}
+
 func writePEM(path, typ string, der []byte) error {
 	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
@@ -128,7 +153,7 @@ func (f *TLSFiles) redisArgs(port int, clientAuth bool) []string {
 		auth = "yes"
 	}
 	return []string{
-		"--tls-port", fmt.Sprint(port),
+		"--tls-port", strconv.Itoa(port),
 		"--tls-cert-file", f.Cert,
 		"--tls-key-file", f.Key,
 		"--tls-ca-cert-file", f.CA,

@@ -128,7 +128,7 @@ type kinded interface{ StoreErrorKind() string }
 
 // errorKind classifies a store error for Observer.StoreError: an error in the
 // chain implementing StoreErrorKind() string names itself; otherwise "tls"
-// (a TLS handshake that failed, see isTLS), "timeout", "connection",
+// (see isTLS), "timeout", "connection",
 // "cluster" (a topology change: CLUSTERDOWN, TRYAGAIN, MOVED/ASK, READONLY,
 // MASTERDOWN, LOADING, no reachable master) or "other".
 func errorKind(err error) string {
@@ -160,17 +160,22 @@ func errorKind(err error) string {
 	return "other"
 }
 
-// isTLS reports a TLS handshake that failed: our end did not verify the
-// server's certificate (an unknown authority, another name, expired), the
-// server refused ours or sent another alert (crypto/tls reports an alert,
-// either end's, as a net.OpError of Op "remote error" or "local error"), or
-// the server does not speak TLS. A Redis that refuses a plain connection on
-// its TLS port just closes it, which reads as "connection".
+// isTLS reports a failure of TLS itself: our end did not verify the
+// server's certificate (an unknown authority, another name, expired), an
+// alert from either end (crypto/tls reports one as a net.OpError of Op
+// "remote error" or "local error": the server refused our certificate, or
+// a record did not decrypt), a server that does not speak TLS, or one of
+// crypto/tls's other errors, whose messages all start with "tls: ". When
+// Redis refuses our certificate, TLS 1.3 tells us only at our first read,
+// and a write that comes first meets the closed connection: that reads as
+// "connection" (TLS 1.2 ends the handshake with the alert). A Redis that
+// refuses a plain connection on its TLS port just closes it: "connection"
+// too.
 func isTLS(err error) bool {
 	var cv *tls.CertificateVerificationError
 	var rh tls.RecordHeaderError
-	var ae tls.AlertError
 	var oe *net.OpError
-	return errors.As(err, &cv) || errors.As(err, &rh) || errors.As(err, &ae) ||
-		errors.As(err, &oe) && (oe.Op == "remote error" || oe.Op == "local error")
+	return errors.As(err, &cv) || errors.As(err, &rh) ||
+		errors.As(err, &oe) && (oe.Op == "remote error" || oe.Op == "local error") ||
+		strings.Contains(err.Error(), "tls: ")
 }

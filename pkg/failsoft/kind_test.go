@@ -34,6 +34,7 @@ func TestErrorKind(t *testing.T) {
 		{wrap(&tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}}), "tls"},
 		{wrap(&net.OpError{Op: "remote error", Err: errors.New("tls: bad certificate")}), "tls"},
 		{wrap(tls.RecordHeaderError{Msg: "first record does not look like a TLS handshake"}), "tls"},
+		{wrap(errors.New("tls: server selected unsupported protocol version 300")), "tls"},
 		{wrap(context.DeadlineExceeded), "timeout"},
 		{wrap(&net.OpError{Op: "read", Err: syscall.ECONNRESET}), "connection"},
 		{wrap(io.EOF), "connection"},
@@ -47,25 +48,32 @@ func TestErrorKind(t *testing.T) {
 	}
 }
 
-// TestErrorKindTLS: the errors of real TLS handshakes in which envoy-rls
-// refuses Redis's certificate are of kind "tls". (When Redis refuses
-// envoy-rls's, TLS 1.3 tells the client at its first read, and a write
-// that comes first may meet the closed connection instead: "tls" or
-// "connection", as TestErrorKind's alert and reset show.)
+// TestErrorKindTLS: the errors of real TLS handshakes that either end
+// refuses are of kind "tls": envoy-rls refusing Redis's certificate, and,
+// on TLS 1.2, Redis refusing envoy-rls's. (On TLS 1.3 the client learns of
+// Redis's refusal at its first read, and a write that comes first may meet
+// the closed connection instead: "tls" or "connection", as TestErrorKind's
+// alert and reset show.)
 func TestErrorKindTLS(t *testing.T) {
 	r := testenv.RedisServer(t, testenv.WithTLS(true))
 	other := testenv.NewTLSFiles(t)
 	for _, c := range []struct {
 		name                 string
 		ca, cert, key, sname string
+		tls12                bool
 	}{
-		{"server of another authority", other.CA, r.TLS.ClientCert, r.TLS.ClientKey, ""},
-		{"another server name", r.TLS.CA, r.TLS.ClientCert, r.TLS.ClientKey, "redis.example"},
+		{"server of another authority", other.CA, r.TLS.ClientCert, r.TLS.ClientKey, "", false},
+		{"another server name", r.TLS.CA, r.TLS.ClientCert, r.TLS.ClientKey, "redis.example", false},
+		{"no client certificate, TLS 1.2", r.TLS.CA, "", "", "", true},
+		{"client of another authority, TLS 1.2", r.TLS.CA, other.ClientCert, other.ClientKey, "", true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg, err := redisbackend.TLSConfig(c.ca, c.cert, c.key, c.sname, false)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if c.tls12 {
+				cfg.MaxVersion = tls.VersionTLS12
 			}
 			b, err := redisbackend.New(redisbackend.Options{URL: "rediss://" + r.TLSAddr, TLS: cfg, Timeout: 10 * time.Second})
 			if err != nil {

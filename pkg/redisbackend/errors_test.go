@@ -2,16 +2,9 @@ package redisbackend
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -302,32 +295,12 @@ func waitFor(f func() error) error {
 }
 
 func TestTLSConfig(t *testing.T) {
-	dir := t.TempDir()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
+	f := testenv.NewTLSFiles(t)
+	junk := filepath.Join(t.TempDir(), "junk.pem")
+	if err := os.WriteFile(junk, []byte("not pem"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test"},
-		NotBefore: time.Unix(0, 0), NotAfter: time.Unix(1<<33, 0), IsCA: true, BasicConstraintsValid: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile, junk := filepath.Join(dir, "c.pem"), filepath.Join(dir, "k.pem"), filepath.Join(dir, "junk.pem")
-	for f, b := range map[string][]byte{
-		certFile: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		keyFile:  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}),
-		junk:     []byte("not pem"),
-	} {
-		if err := os.WriteFile(f, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cfg, err := TLSConfig(certFile, certFile, keyFile, "redis.internal", false)
+	cfg, err := TLSConfig(f.CA, f.ClientCert, f.ClientKey, "redis.internal", false)
 	if err != nil {
 		t.Fatalf("TLSConfig: %v", err)
 	}
@@ -335,10 +308,10 @@ func TestTLSConfig(t *testing.T) {
 		t.Errorf("TLSConfig = %+v", cfg)
 	}
 	for name, args := range map[string][3]string{
-		"missing ca":   {filepath.Join(dir, "nope"), "", ""},
+		"missing ca":   {filepath.Join(t.TempDir(), "nope"), "", ""},
 		"junk ca":      {junk, "", ""},
-		"cert no key":  {"", certFile, ""},
-		"bad key pair": {"", certFile, certFile},
+		"cert no key":  {"", f.ClientCert, ""},
+		"bad key pair": {"", f.ClientCert, f.ClientCert},
 	} {
 		if _, err := TLSConfig(args[0], args[1], args[2], "", false); err == nil {
 			t.Errorf("%s: TLSConfig succeeded", name)

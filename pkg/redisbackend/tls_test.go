@@ -2,6 +2,7 @@ package redisbackend
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"slices"
@@ -73,8 +74,14 @@ func TestTLS(t *testing.T) {
 	t.Run("refused", func(t *testing.T) {
 		// When Redis refuses envoy-rls's certificate, TLS 1.3 tells the
 		// client at its first read: a write that comes first meets the
-		// closed connection instead.
+		// closed connection instead. TLS 1.2 ends the handshake with
+		// Redis's alert.
 		refusedByRedis := []string{"remote error: tls", "connection reset by peer", "broken pipe", "EOF"}
+		tls12 := func(o Options) Options {
+			o.TLS = o.TLS.Clone()
+			o.TLS.MaxVersion = tls.VersionTLS12
+			return o
+		}
 		for _, c := range []struct {
 			name string
 			o    Options
@@ -82,6 +89,8 @@ func TestTLS(t *testing.T) {
 		}{
 			{"no client certificate", tlsConfig(t, f.CA, "", "", "", false), refusedByRedis},
 			{"client certificate of another authority", tlsConfig(t, f.CA, other.ClientCert, other.ClientKey, "", false), refusedByRedis},
+			{"no client certificate, TLS 1.2", tls12(tlsConfig(t, f.CA, "", "", "", false)), []string{"remote error: tls: "}},
+			{"client certificate of another authority, TLS 1.2", tls12(tlsConfig(t, f.CA, other.ClientCert, other.ClientKey, "", false)), []string{"remote error: tls: "}},
 			{"server of another authority", tlsConfig(t, other.CA, f.ClientCert, f.ClientKey, "", false), []string{"certificate signed by unknown authority"}},
 			{"system authorities", Options{URL: "rediss://" + r.TLSAddr, KeyPrefix: "tls:", Timeout: testTimeout}, []string{"certificate signed by unknown authority"}},
 			{"another server name", tlsConfig(t, f.CA, f.ClientCert, f.ClientKey, "redis.example", false), []string{"certificate is valid for localhost, not redis.example"}},
@@ -163,5 +172,74 @@ func TestTLSCluster(t *testing.T) {
 		hammerAll(t, func(t *testing.T, now func() time.Time) limiter.Limiter {
 			return newTLS(t, DefaultKeyPrefix, now)
 		})
+	})
+}
+
+// TestTLSSentinel: with Sentinel, one TLS configuration reaches the
+// sentinels and the master they name, all serving TLS and asking for a
+// client certificate: every connection to the master came in on its TLS
+// port, and four instances hammering one key admit exactly the model's
+// count for every algorithm.
+func TestTLSSentinel(t *testing.T) {
+	s := testenv.RedisSentinel(t, testenv.WithSentinelTLS(true))
+	f := s.TLS
+	cfg, err := TLSConfig(f.CA, f.ClientCert, f.ClientKey, "", false)
+	if err != nil {
+		t.Fatalf("TLSConfig: %v", err)
+	}
+	newTLS := func(t *testing.T, prefix string, now func() time.Time) *Backend {
+		t.Helper()
+		b, err := New(Options{SentinelAddrs: s.SentinelTLSAddrs, SentinelMaster: s.MasterName, TLS: cfg,
+			KeyPrefix: prefix, Now: now, Timeout: testTimeout})
+		if err != nil {
+			t.Fatalf("New: %v", err)
+		}
+		t.Cleanup(func() { b.Close() })
+		return b
+	}
+
+	t.Run("master", func(t *testing.T) {
+		b := newTLS(t, "tlss:", nil)
+		res := make([]limiter.Result, 1)
+		req := []limiter.Request{{Key: key(t.Name()), Limit: limiter.Limit{Requests: 10, Window: time.Minute}, Hits: 1}}
+		if err := b.Check(context.Background(), req, res); err != nil || !res[0].Allowed {
+			t.Fatalf("Check = %v, %+v; want allowed", err, res[0])
+		}
+		// The replica and the sentinels are on its TLS port too
+		// (tls-replication yes).
+		s.Master.CheckClientsOnTLS(t)
+	})
+
+	t.Run("hammer", func(t *testing.T) {
+		hammerAll(t, func(t *testing.T, now func() time.Time) limiter.Limiter {
+			return newTLS(t, DefaultKeyPrefix, now)
+		})
+	})
+
+	// The sentinels name the replica by its TLS address too (it announces
+	// its TLS port with tls-replication), so the same Backend follows a
+	// failover over TLS.
+	t.Run("failover", func(t *testing.T) {
+		b := newTLS(t, "tlsf:", nil)
+		ctx := context.Background()
+		req := []limiter.Request{{Key: key(t.Name()), Limit: limiter.Limit{Requests: 1 << 20, Window: time.Hour}, Hits: 1}}
+		check := func() error { return b.Check(ctx, req, make([]limiter.Result, 1)) }
+		if err := check(); err != nil {
+			t.Fatalf("Check before failover: %v", err)
+		}
+		s.Master.Stop()
+		fctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+		defer cancel()
+		addr, err := s.WaitFailover(fctx)
+		if err != nil {
+			t.Fatalf("failover: %v", err)
+		}
+		if addr != s.Replica.TLSAddr {
+			t.Fatalf("the sentinels name the new master %s, want the replica's TLS address %s", addr, s.Replica.TLSAddr)
+		}
+		if err := waitFor(check); err != nil {
+			t.Fatalf("no successful Check after the failover to %s: %v", addr, err)
+		}
+		s.Replica.CheckClientsOnTLS(t)
 	})
 }
