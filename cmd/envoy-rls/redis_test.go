@@ -102,17 +102,25 @@ descriptors:
   - key: k
     rate_limit: {unit: hour, requests_per_unit: 5}
 `, func(o *serveOptions) { o.store.redisURL = "unix://" + redis.Socket })
+	r.fiveOfEightInRedis(t, redis, "u")
+	// Over the socket: the server listens on TCP too, but none of
+	// envoy-rls's connections came that way.
+	redis.CheckClientsOnSocket(t)
+}
+
+// fiveOfEightInRedis sends 8 requests of descriptor (k, v) in domain, whose
+// limit is 5 an hour, and fails the test unless 5 are admitted and each
+// request was a check call (FCALL) in redis: the deny cache is off
+// (serveOnRedis's default), so every request reaches Redis.
+func (r *running) fiveOfEightInRedis(t *testing.T, redis *testenv.Redis, domain string) {
+	t.Helper()
 	before := redis.CommandCalls(t)["fcall"]
-	if ok := r.admitted(t, 8, "u", "k", "v"); ok != 5 {
+	if ok := r.admitted(t, 8, domain, "k", "v"); ok != 5 {
 		t.Errorf("admitted %d of 8 under a limit of 5", ok)
 	}
-	// The deny cache is off (serveOnRedis's default), so every request
-	// was a check call in Redis, over the socket: the server listens on
-	// TCP too, but none of envoy-rls's connections came that way.
 	if got := redis.CommandCalls(t)["fcall"] - before; got != 8 {
 		t.Errorf("Redis ran %d check calls (FCALL) for 8 requests, want 8", got)
 	}
-	redis.CheckClientsOnSocket(t)
 }
 
 // TestServeOnRedisTLS: with --redis.tls.* serve counts exactly on a Redis
@@ -141,13 +149,7 @@ descriptors:
 
 	t.Run("verified", func(t *testing.T) {
 		r := serveOnRedis(t, redis, yaml, withTLS(redis.TLS.CA))
-		before := redis.CommandCalls(t)["fcall"]
-		if ok := r.admitted(t, 8, "s", "k", "v"); ok != 5 {
-			t.Errorf("admitted %d of 8 under a limit of 5", ok)
-		}
-		if got := redis.CommandCalls(t)["fcall"] - before; got != 8 {
-			t.Errorf("Redis ran %d check calls (FCALL) for 8 requests, want 8", got)
-		}
+		r.fiveOfEightInRedis(t, redis, "s")
 		redis.CheckClientsOnTLS(t)
 	})
 

@@ -2,7 +2,6 @@ package failsoft
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -128,7 +127,7 @@ type kinded interface{ StoreErrorKind() string }
 
 // errorKind classifies a store error for Observer.StoreError: an error in the
 // chain implementing StoreErrorKind() string names itself; otherwise "tls"
-// (see isTLS), "timeout", "connection",
+// (a failure of TLS itself), "timeout", "connection",
 // "cluster" (a topology change: CLUSTERDOWN, TRYAGAIN, MOVED/ASK, READONLY,
 // MASTERDOWN, LOADING, no reachable master) or "other".
 func errorKind(err error) string {
@@ -136,9 +135,21 @@ func errorKind(err error) string {
 	if errors.As(err, &k) {
 		return k.StoreErrorKind()
 	}
+	msg := err.Error()
 	var ne net.Error
 	switch {
-	case isTLS(err):
+	case strings.Contains(msg, "tls: "):
+		// TLS itself failed: our end did not verify the server's
+		// certificate (an unknown authority, another name, expired), an
+		// alert came from either end (the server refused our certificate,
+		// a record did not decrypt), or the server does not speak TLS.
+		// crypto/tls words every error of its own "tls: …" (an alert
+		// "remote error: tls: …" or "local error: tls: …"), and the store
+		// keeps the message. When Redis refuses our certificate, TLS 1.3
+		// tells us only at our first read, and a write that comes first
+		// meets the closed connection: "connection" below (TLS 1.2 ends
+		// the handshake with the alert). So does a Redis that closes a
+		// plain connection on its TLS port.
 		return "tls"
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
 		return "timeout"
@@ -147,7 +158,6 @@ func errorKind(err error) string {
 		errors.Is(err, net.ErrClosed):
 		return "connection"
 	}
-	msg := err.Error()
 	for _, s := range []string{"CLUSTERDOWN", "TRYAGAIN", "MOVED", "ASK ", "READONLY", "MASTERDOWN", "LOADING", "cluster", "sentinel", "master"} {
 		if strings.Contains(msg, s) {
 			return "cluster"
@@ -158,24 +168,4 @@ func errorKind(err error) string {
 		return "connection"
 	}
 	return "other"
-}
-
-// isTLS reports a failure of TLS itself: our end did not verify the
-// server's certificate (an unknown authority, another name, expired), an
-// alert from either end (crypto/tls reports one as a net.OpError of Op
-// "remote error" or "local error": the server refused our certificate, or
-// a record did not decrypt), a server that does not speak TLS, or one of
-// crypto/tls's other errors, whose messages all start with "tls: ". When
-// Redis refuses our certificate, TLS 1.3 tells us only at our first read,
-// and a write that comes first meets the closed connection: that reads as
-// "connection" (TLS 1.2 ends the handshake with the alert). A Redis that
-// refuses a plain connection on its TLS port just closes it: "connection"
-// too.
-func isTLS(err error) bool {
-	var cv *tls.CertificateVerificationError
-	var rh tls.RecordHeaderError
-	var oe *net.OpError
-	return errors.As(err, &cv) || errors.As(err, &rh) ||
-		errors.As(err, &oe) && (oe.Op == "remote error" || oe.Op == "local error") ||
-		strings.Contains(err.Error(), "tls: ")
 }

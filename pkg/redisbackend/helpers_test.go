@@ -34,7 +34,14 @@ func newSingle(t testing.TB, r *testenv.Redis, prefix string, now func() time.Ti
 // ends.
 func newOnURL(t testing.TB, url, prefix string, now func() time.Time) *Backend {
 	t.Helper()
-	b, err := New(Options{URL: url, KeyPrefix: prefix, Now: now, Timeout: testTimeout})
+	return openBackend(t, Options{URL: url, KeyPrefix: prefix, Now: now, Timeout: testTimeout})
+}
+
+// openBackend returns New(o), closed when the test ends; it fails the test
+// when New does.
+func openBackend(t testing.TB, o Options) *Backend {
+	t.Helper()
+	b, err := New(o)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -52,12 +59,7 @@ func newClustered(t testing.TB, c *testenv.Cluster, prefix string, now func() ti
 // Check's calls sent on their own, not coalesced).
 func newClusteredSenders(t testing.TB, c *testenv.Cluster, prefix string, now func() time.Time, senders int) *Backend {
 	t.Helper()
-	b, err := New(Options{ClusterAddrs: c.Addrs, KeyPrefix: prefix, Now: now, Timeout: testTimeout, Senders: senders})
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
-	t.Cleanup(func() { b.Close() })
-	return b
+	return openBackend(t, Options{ClusterAddrs: c.Addrs, KeyPrefix: prefix, Now: now, Timeout: testTimeout, Senders: senders})
 }
 
 // key builds a Request.Key the way the service does.

@@ -37,11 +37,7 @@ func TestTLS(t *testing.T) {
 	}
 	check := func(t *testing.T, o Options) ([]limiter.Result, error) {
 		t.Helper()
-		b, err := New(o)
-		if err != nil {
-			t.Fatalf("New: %v", err)
-		}
-		t.Cleanup(func() { b.Close() }) // its connections stay for CheckClientsOnTLS
+		b := openBackend(t, o) // its connections stay for CheckClientsOnTLS
 		res := make([]limiter.Result, 1)
 		req := []limiter.Request{{Key: key(t.Name()), Limit: limiter.Limit{Requests: 10, Window: time.Minute}, Hits: 1}}
 		return res, b.Check(ctx, req, res)
@@ -109,12 +105,7 @@ func TestTLS(t *testing.T) {
 	t.Run("hammer", func(t *testing.T) {
 		o := tlsConfig(t, f.CA, f.ClientCert, f.ClientKey, "", false)
 		hammerAll(t, func(t *testing.T, now func() time.Time) limiter.Limiter {
-			b, err := New(Options{URL: o.URL, TLS: o.TLS, KeyPrefix: DefaultKeyPrefix, Now: now, Timeout: testTimeout})
-			if err != nil {
-				t.Fatalf("New: %v", err)
-			}
-			t.Cleanup(func() { b.Close() })
-			return b
+			return openBackend(t, Options{URL: o.URL, TLS: o.TLS, KeyPrefix: DefaultKeyPrefix, Now: now, Timeout: testTimeout})
 		})
 	})
 }
@@ -126,19 +117,10 @@ func TestTLS(t *testing.T) {
 // exactly the model's count for every algorithm.
 func TestTLSCluster(t *testing.T) {
 	c := testenv.RedisCluster(t, testenv.WithClusterTLS(true))
-	f := c.TLS
-	cfg, err := TLSConfig(f.CA, f.ClientCert, f.ClientKey, "", false)
-	if err != nil {
-		t.Fatalf("TLSConfig: %v", err)
-	}
+	cfg := mutualTLS(t, c.TLS)
 	newTLS := func(t *testing.T, prefix string, now func() time.Time) *Backend {
 		t.Helper()
-		b, err := New(Options{ClusterAddrs: c.TLSAddrs, TLS: cfg, KeyPrefix: prefix, Now: now, Timeout: testTimeout})
-		if err != nil {
-			t.Fatalf("New: %v", err)
-		}
-		t.Cleanup(func() { b.Close() })
-		return b
+		return openBackend(t, Options{ClusterAddrs: c.TLSAddrs, TLS: cfg, KeyPrefix: prefix, Now: now, Timeout: testTimeout})
 	}
 
 	t.Run("every master", func(t *testing.T) {
@@ -182,20 +164,11 @@ func TestTLSCluster(t *testing.T) {
 // count for every algorithm.
 func TestTLSSentinel(t *testing.T) {
 	s := testenv.RedisSentinel(t, testenv.WithSentinelTLS(true))
-	f := s.TLS
-	cfg, err := TLSConfig(f.CA, f.ClientCert, f.ClientKey, "", false)
-	if err != nil {
-		t.Fatalf("TLSConfig: %v", err)
-	}
+	cfg := mutualTLS(t, s.TLS)
 	newTLS := func(t *testing.T, prefix string, now func() time.Time) *Backend {
 		t.Helper()
-		b, err := New(Options{SentinelAddrs: s.SentinelTLSAddrs, SentinelMaster: s.MasterName, TLS: cfg,
+		return openBackend(t, Options{SentinelAddrs: s.SentinelTLSAddrs, SentinelMaster: s.MasterName, TLS: cfg,
 			KeyPrefix: prefix, Now: now, Timeout: testTimeout})
-		if err != nil {
-			t.Fatalf("New: %v", err)
-		}
-		t.Cleanup(func() { b.Close() })
-		return b
 	}
 
 	t.Run("master", func(t *testing.T) {
@@ -242,4 +215,15 @@ func TestTLSSentinel(t *testing.T) {
 		}
 		s.Replica.CheckClientsOnTLS(t)
 	})
+}
+
+// mutualTLS is TLSConfig's configuration for f's servers: it trusts f.CA and
+// presents f's client certificate.
+func mutualTLS(t *testing.T, f *testenv.TLSFiles) *tls.Config {
+	t.Helper()
+	cfg, err := TLSConfig(f.CA, f.ClientCert, f.ClientKey, "", false)
+	if err != nil {
+		t.Fatalf("TLSConfig: %v", err)
+	}
+	return cfg
 }
