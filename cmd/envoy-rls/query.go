@@ -11,8 +11,10 @@ import (
 	commonrl "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/envoy-rls/envoy-rls/internal/tlsfiles"
 	"github.com/envoy-rls/envoy-rls/pkg/rls"
 )
 
@@ -43,10 +45,12 @@ func queryMain(args []string, stdout, stderr io.Writer) error {
 	hits := fs.Uint("hits", 0, "hits_addend of the request (0: Envoy's default of 1)")
 	count := fs.Int("count", 1, "how many identical requests to send")
 	timeout := fs.Duration("timeout", 2*time.Second, "deadline of each request")
+	var tlsFlags tlsfiles.ClientFlags
+	tlsFlags.Register(fs, "server")
 	var descs descriptorFlag
 	fs.Var(&descs, "descriptor", "a descriptor as key=value[,key=value...]; repeat for several")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: envoy-rls query [--addr HOST:PORT|unix:/PATH] [--domain D] --descriptor k=v[,k=v...] [--descriptor ...] [--hits N] [--count N]")
+		fmt.Fprintln(stderr, "Usage: envoy-rls query [--addr HOST:PORT|unix:/PATH] [--domain D] --descriptor k=v[,k=v...] [--descriptor ...] [--hits N] [--count N] [--tls --tls.ca F ...]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -59,7 +63,15 @@ func queryMain(args []string, stdout, stderr io.Writer) error {
 	if *count < 1 {
 		return usageError{msg: "--count must be at least 1"}
 	}
-	conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	tlsCfg, err := tlsFlags.Config()
+	if err != nil {
+		return usageError{msg: err.Error()}
+	}
+	creds := insecure.NewCredentials()
+	if tlsCfg != nil {
+		creds = credentials.NewTLS(tlsCfg)
+	}
+	conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return fmt.Errorf("--addr %s: %w", *addr, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/envoy-rls/envoy-rls/internal/tlsfiles"
 	"github.com/envoy-rls/envoy-rls/pkg/denycache"
 	"github.com/envoy-rls/envoy-rls/pkg/failsoft"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
@@ -35,8 +36,8 @@ func openRedisStore(ctx context.Context, o storeOptions, log *slog.Logger, m *me
 
 		DisableFunctions: !o.redisFunctions,
 	}
-	if o.redisTLSCA != "" || o.redisTLSCert != "" || o.redisTLSKey != "" || o.redisTLSServerName != "" || o.redisTLSInsecure {
-		tlsCfg, err := redisbackend.TLSConfig(o.redisTLSCA, o.redisTLSCert, o.redisTLSKey, o.redisTLSServerName, o.redisTLSInsecure)
+	if o.redisTLS.Set() {
+		tlsCfg, err := tlsfiles.Client(o.redisTLS)
 		if err != nil {
 			return nil, fmt.Errorf("--redis.tls.*: %w", err)
 		}

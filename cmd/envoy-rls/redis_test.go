@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/envoy-rls/envoy-rls/internal/testenv"
+	"github.com/envoy-rls/envoy-rls/internal/tlsfiles"
 )
 
 // TestServeOnRedis runs serve against a real redis-server: limits are exact,
@@ -142,8 +143,7 @@ descriptors:
 	withTLS := func(ca string) func(*serveOptions) {
 		return func(o *serveOptions) {
 			o.store.redisURL = "rediss://" + redis.TLSAddr
-			o.store.redisTLSCA = ca
-			o.store.redisTLSCert, o.store.redisTLSKey = redis.TLS.ClientCert, redis.TLS.ClientKey
+			o.store.redisTLS = tlsfiles.ClientFiles{CA: ca, Cert: redis.TLS.ClientCert, Key: redis.TLS.ClientKey}
 		}
 	}
 

@@ -368,11 +368,11 @@ func TestServeRejectsBadFlags(t *testing.T) {
 	}{
 		{"key without certificate", func(s *storeOptions) {
 			s.redisURL = "redis://127.0.0.1:1"
-			s.redisTLSKey = "client.key" // without --redis.tls.cert: was ignored
+			s.redisTLS.Key = "client.key" // without --redis.tls.cert: was ignored
 		}, []string{"--redis.tls"}},
 		{"TLS on a Unix socket", func(s *storeOptions) {
 			s.redisURL = "unix:///run/redis/redis.sock"
-			s.redisTLSInsecure = true
+			s.redisTLS.Insecure = true
 		}, []string{"--redis.url /run/redis/redis.sock is a Unix socket", "--redis.tls"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/envoy-rls/envoy-rls/internal/tlsfiles"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
 	"github.com/envoy-rls/envoy-rls/pkg/memorybackend"
 	"github.com/envoy-rls/envoy-rls/pkg/metrics"
@@ -20,11 +21,7 @@ type storeOptions struct {
 	redisSentinelMaster string
 	redisUsername       string
 	redisPassword       string
-	redisTLSCA          string
-	redisTLSCert        string
-	redisTLSKey         string
-	redisTLSServerName  string
-	redisTLSInsecure    bool
+	redisTLS            tlsfiles.ClientFiles
 	redisPoolSize       int
 	redisSenders        int
 	redisMaxBatch       int
@@ -45,11 +42,7 @@ func (o *storeOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.redisSentinelMaster, "redis.sentinel-master", "", "the master name Sentinel monitors")
 	fs.StringVar(&o.redisUsername, "redis.username", "", "Redis ACL user (overrides the URL's)")
 	fs.StringVar(&o.redisPassword, "redis.password", "", "Redis password (overrides the URL's); prefer the environment variable")
-	fs.StringVar(&o.redisTLSCA, "redis.tls.ca", "", "PEM file of CAs that sign the Redis server certificate (enables TLS)")
-	fs.StringVar(&o.redisTLSCert, "redis.tls.cert", "", "PEM client certificate for mutual TLS (with --redis.tls.key)")
-	fs.StringVar(&o.redisTLSKey, "redis.tls.key", "", "PEM client key for mutual TLS")
-	fs.StringVar(&o.redisTLSServerName, "redis.tls.server-name", "", "server name to verify in the Redis certificate (default: the host)")
-	fs.BoolVar(&o.redisTLSInsecure, "redis.tls.insecure-skip-verify", false, "do not verify the Redis certificate (testing only)")
+	o.redisTLS.Register(fs, "redis.tls.", "Redis")
 	fs.IntVar(&o.redisPoolSize, "redis.pool-size", 0, "connections per Redis node (0: 10 per CPU)")
 	fs.IntVar(&o.redisSenders, "redis.senders", redisbackend.DefaultSenders, "coalesced calls in flight at once: requests that arrive while that many are in flight go together in the next one, each still decided atomically (single node and Sentinel: one script call; each of these calls keeps a connection, so it must be below --redis.pool-size; Cluster: one pipeline of the requests' per-slot calls); -1 sends every request as a call of its own (one per hash slot on a Cluster)")
 	fs.IntVar(&o.redisMaxBatch, "redis.max-batch", redisbackend.DefaultMaxBatch, "most limits one coalesced call decides (a larger request is sent alone)")

@@ -306,3 +306,58 @@ func (t *timedDeadlineLimiter) CheckBy(ctx context.Context, by time.Time, reqs [
 	t.m.storeDuration.Observe(t.now().Sub(start).Seconds())
 	return err
 }
+
+// ListenerTLS records the TLS of the gRPC listener. Create it with
+// Metrics.ListenerTLS, only when the listener serves TLS.
+type ListenerTLS struct {
+	reloads           *prometheus.CounterVec
+	lastReloadOK      prometheus.Gauge
+	notAfter          prometheus.Gauge
+	handshakeFailures prometheus.Counter
+}
+
+// ListenerTLS registers the metrics of the gRPC listener's TLS.
+func (m *Metrics) ListenerTLS() (*ListenerTLS, error) {
+	t := &ListenerTLS{
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "envoy_rls_grpc_tls_reloads_total",
+			Help: "Loads of the gRPC listener's certificate, key and client authorities after the first, by result (success, failure): they are read again when a handshake finds the files changed. After a failure the previous ones are still served.",
+		}, []string{"result"}),
+		lastReloadOK: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "envoy_rls_grpc_tls_last_reload_successful",
+			Help: "1 if the last load of the gRPC listener's TLS files succeeded, 0 if it failed (the previous certificate is still served).",
+		}),
+		notAfter: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "envoy_rls_grpc_tls_certificate_expiry_timestamp_seconds",
+			Help: "Unix time at which the certificate the gRPC listener serves expires (its NotAfter).",
+		}),
+		handshakeFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "envoy_rls_grpc_tls_handshake_failures_total",
+			Help: "Connections to the gRPC listener closed because their TLS handshake failed: a client that does not trust the certificate, presents none or one that is refused, or does not speak TLS. Each is logged with the client's address.",
+		}),
+	}
+	if err := m.register(t.reloads, t.lastReloadOK, t.notAfter, t.handshakeFailures); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// Loaded records one load of the TLS files: initial is true for the load at
+// start (which sets the gauges but is not counted as a reload); notAfter is
+// the expiry of the certificate served after it.
+func (t *ListenerTLS) Loaded(initial, ok bool, notAfter time.Time) {
+	result := "failure"
+	if ok {
+		result = "success"
+		t.lastReloadOK.Set(1)
+	} else {
+		t.lastReloadOK.Set(0)
+	}
+	t.notAfter.Set(float64(notAfter.Unix()))
+	if !initial {
+		t.reloads.WithLabelValues(result).Inc()
+	}
+}
+
+// HandshakeFailed counts one failed TLS handshake.
+func (t *ListenerTLS) HandshakeFailed() { t.handshakeFailures.Inc() }

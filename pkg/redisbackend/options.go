@@ -2,16 +2,16 @@ package redisbackend
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/url"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/envoy-rls/envoy-rls/internal/tlsfiles"
 )
 
 // Defaults of Options.
@@ -289,31 +289,9 @@ func checkSocketURL(rawURL, path string, withTLS bool) error {
 // serverName overrides the name verified in the server's certificate;
 // insecure skips verification (tests only).
 func TLSConfig(caFile, certFile, keyFile, serverName string, insecure bool) (*tls.Config, error) {
-	cfg := &tls.Config{
-		MinVersion:         tls.VersionTLS12,
-		ServerName:         serverName,
-		InsecureSkipVerify: insecure, //nolint:gosec // explicit operator choice
-	}
-	if caFile != "" {
-		pem, err := os.ReadFile(caFile)
-		if err != nil {
-			return nil, fmt.Errorf("redis TLS CA: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("redis TLS CA %s: no PEM certificate found", caFile)
-		}
-		cfg.RootCAs = pool
-	}
-	switch {
-	case certFile != "" && keyFile != "":
-		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-		if err != nil {
-			return nil, fmt.Errorf("redis TLS client certificate: %w", err)
-		}
-		cfg.Certificates = []tls.Certificate{cert}
-	case certFile != "" || keyFile != "":
-		return nil, errors.New("redis TLS: a client certificate needs both the certificate and the key file")
+	cfg, err := tlsfiles.Client(tlsfiles.ClientFiles{CA: caFile, Cert: certFile, Key: keyFile, ServerName: serverName, Insecure: insecure})
+	if err != nil {
+		return nil, fmt.Errorf("redis TLS: %w", err)
 	}
 	return cfg, nil
 }

@@ -1,0 +1,315 @@
+// Package tlsfiles builds the TLS configurations of this module's commands
+// from PEM files: a client's (to Redis, to a gRPC server), and a server's
+// that takes renewed certificates without a restart.
+//
+// A server's files are looked at on every handshake: when one of them
+// changed (its size, modification time or inode; a Kubernetes Secret's
+// symlink swap changes all three), they are read again, and a new
+// connection gets the new certificate at once. A set that does not load (a
+// half-written renewal, a key that does not match the certificate) leaves
+// the last good one in use, is reported once, and is tried again when the
+// files change again. Connections already open keep their session: TLS
+// certificates are checked at the handshake.
+package tlsfiles
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// ClientFiles configure a client's TLS.
+type ClientFiles struct {
+	// CA, when set, is a PEM file of the authorities that may sign the
+	// server's certificate, in place of the system's roots.
+	CA string
+	// Cert and Key, set together, are a PEM client certificate and its key,
+	// for servers that ask for one (mutual TLS).
+	Cert, Key string
+	// ServerName, when set, is the name verified in the server's
+	// certificate instead of the host dialled.
+	ServerName string
+	// Insecure skips the verification of the server's certificate.
+	Insecure bool
+}
+
+// Register registers the flags that set f on fs: prefix followed by ca,
+// cert, key, server-name and insecure-skip-verify. peer names the server in
+// their help ("Redis").
+func (f *ClientFiles) Register(fs *flag.FlagSet, prefix, peer string) {
+	fs.StringVar(&f.CA, prefix+"ca", "", fmt.Sprintf("PEM file of the authorities that sign the %s certificate, in place of the system's (enables TLS)", peer))
+	fs.StringVar(&f.Cert, prefix+"cert", "", fmt.Sprintf("PEM client certificate for mutual TLS, for a %s that asks for one (with --%skey; enables TLS)", peer, prefix))
+	fs.StringVar(&f.Key, prefix+"key", "", fmt.Sprintf("PEM key of --%scert", prefix))
+	fs.StringVar(&f.ServerName, prefix+"server-name", "", fmt.Sprintf("name to verify in the %s certificate (default: the host dialled; enables TLS)", peer))
+	fs.BoolVar(&f.Insecure, prefix+"insecure-skip-verify", false, fmt.Sprintf("do not verify the %s certificate (testing only; enables TLS)", peer))
+}
+
+// Set reports whether any of f is set: the client then speaks TLS.
+func (f ClientFiles) Set() bool {
+	return f != ClientFiles{}
+}
+
+// ClientFlags are a client command's TLS flags: --tls, which turns TLS on
+// with the system's authorities, and --tls.ca, --tls.cert... (Register),
+// any of which turns it on too.
+type ClientFlags struct {
+	On    bool
+	Files ClientFiles
+}
+
+// Register registers the flags on fs; peer names the server in their help.
+func (f *ClientFlags) Register(fs *flag.FlagSet, peer string) {
+	fs.BoolVar(&f.On, "tls", false, fmt.Sprintf("speak TLS to the %s, trusting the system's authorities unless --tls.ca is set (any --tls.* flag implies it)", peer))
+	f.Files.Register(fs, "tls.", peer)
+}
+
+// Config returns the configuration of the flags, or nil when they leave
+// TLS off. An error names the flags.
+func (f *ClientFlags) Config() (*tls.Config, error) {
+	if !f.On && !f.Files.Set() {
+		return nil, nil
+	}
+	cfg, err := Client(f.Files)
+	if err != nil {
+		return nil, fmt.Errorf("--tls.*: %w", err)
+	}
+	return cfg, nil
+}
+
+// Client builds a client's configuration (TLS 1.2 or later) from f.
+func Client(f ClientFiles) (*tls.Config, error) {
+	cfg := &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		ServerName:         f.ServerName,
+		InsecureSkipVerify: f.Insecure, //nolint:gosec // the operator's explicit choice
+	}
+	if f.CA != "" {
+		pool, err := loadPool(f.CA)
+		if err != nil {
+			return nil, err
+		}
+		cfg.RootCAs = pool
+	}
+	switch {
+	case f.Cert != "" && f.Key != "":
+		cert, err := loadPair(f.Cert, f.Key)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	case f.Cert != "" || f.Key != "":
+		return nil, errors.New("a client certificate needs both the certificate and the key file")
+	}
+	return cfg, nil
+}
+
+// ServerFiles configure a server's TLS.
+type ServerFiles struct {
+	// Cert and Key are the server's PEM certificate (with its chain) and
+	// key. Both are required.
+	Cert, Key string
+	// ClientCA, when set, is a PEM file of the authorities that sign client
+	// certificates: a client must then present one they signed (mutual
+	// TLS).
+	ClientCA string
+	// ClientSANs, when set (with ClientCA), are the names a client
+	// certificate may carry: it must name at least one of them among its
+	// DNS names, URIs (a SPIFFE ID), IP addresses or e-mail addresses.
+	ClientSANs []string
+}
+
+// Loaded describes one load of a server's files, for logs and metrics.
+type Loaded struct {
+	// Initial is true for the load at construction.
+	Initial bool
+	// Err is why the files did not load (the previous ones stay in use).
+	Err error
+	// Subject and NotAfter describe the certificate now served (after a
+	// failure, the previous one).
+	Subject  string
+	NotAfter time.Time
+}
+
+// Server is a server's TLS configuration whose files are read again when
+// they change. Create it with NewServer; it is safe for concurrent use.
+type Server struct {
+	files    ServerFiles
+	onLoad   func(Loaded)
+	mu       sync.Mutex
+	cfg      *tls.Config // served; never nil
+	leaf     *x509.Certificate
+	stamp    string // the files' stamp when cfg was read
+	badStamp string // the stamp of the last set that failed to load
+}
+
+// NewServer reads f's files (an error names the file and the reason) and
+// returns the server's configuration. onLoad, when not nil, is called with
+// every load, the first included, while no handshake can proceed: keep it
+// short.
+func NewServer(f ServerFiles, onLoad func(Loaded)) (*Server, error) {
+	switch {
+	case f.Cert == "" || f.Key == "":
+		return nil, errors.New("a server certificate needs both the certificate and the key file")
+	case len(f.ClientSANs) > 0 && f.ClientCA == "":
+		return nil, errors.New("client names to accept are set, but no authority for client certificates")
+	}
+	s := &Server{files: f, onLoad: onLoad}
+	stamp := s.stampFiles()
+	cfg, leaf, err := s.load()
+	if err != nil {
+		return nil, err
+	}
+	s.cfg, s.leaf, s.stamp = cfg, leaf, stamp
+	s.report(true, nil)
+	return s, nil
+}
+
+// Config returns the configuration to give gRPC's credentials.NewTLS (which
+// adds HTTP/2's ALPN name to what each handshake gets): each handshake takes
+// the files' current certificate, authorities and names.
+func (s *Server) Config() *tls.Config {
+	return &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		GetConfigForClient: s.configForClient,
+	}
+}
+
+// NotAfter is the end of the served certificate's validity.
+func (s *Server) NotAfter() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.leaf.NotAfter
+}
+
+func (s *Server) configForClient(*tls.ClientHelloInfo) (*tls.Config, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	stamp := s.stampFiles()
+	if stamp != s.stamp && stamp != s.badStamp {
+		cfg, leaf, err := s.load()
+		if err != nil {
+			s.badStamp = stamp
+		} else {
+			s.cfg, s.leaf, s.stamp, s.badStamp = cfg, leaf, stamp, ""
+		}
+		s.report(false, err)
+	}
+	return s.cfg, nil
+}
+
+func (s *Server) report(initial bool, err error) {
+	if s.onLoad != nil {
+		s.onLoad(Loaded{Initial: initial, Err: err, Subject: s.leaf.Subject.String(), NotAfter: s.leaf.NotAfter})
+	}
+}
+
+// stampFiles identifies the current content of the files without reading
+// them: size, modification time and inode of each, or why it cannot be
+// looked at.
+func (s *Server) stampFiles() string {
+	var b strings.Builder
+	for _, name := range []string{s.files.Cert, s.files.Key, s.files.ClientCA} {
+		if name == "" {
+			continue
+		}
+		fi, err := os.Stat(name)
+		if err != nil {
+			fmt.Fprintf(&b, "%s: %v;", name, err)
+			continue
+		}
+		var ino uint64
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			ino = st.Ino
+		}
+		fmt.Fprintf(&b, "%s %d %d %d;", name, fi.Size(), fi.ModTime().UnixNano(), ino)
+	}
+	return b.String()
+}
+
+// load reads the files into a complete configuration.
+func (s *Server) load() (*tls.Config, *x509.Certificate, error) {
+	cert, err := loadPair(s.files.Cert, s.files.Key)
+	if err != nil {
+		return nil, nil, err
+	}
+	leaf, err := x509.ParseCertificate(cert.Certificate[0])
+	if err != nil {
+		return nil, nil, fmt.Errorf("certificate %s: %w", s.files.Cert, err)
+	}
+	cert.Leaf = leaf
+	cfg := &tls.Config{
+		MinVersion:   tls.VersionTLS12,
+		Certificates: []tls.Certificate{cert},
+	}
+	if s.files.ClientCA != "" {
+		pool, err := loadPool(s.files.ClientCA)
+		if err != nil {
+			return nil, nil, err
+		}
+		cfg.ClientCAs = pool
+		cfg.ClientAuth = tls.RequireAndVerifyClientCert
+		if len(s.files.ClientSANs) > 0 {
+			cfg.VerifyConnection = verifyClientNames(s.files.ClientSANs)
+		}
+	}
+	return cfg, leaf, nil
+}
+
+// verifyClientNames accepts a connection whose (verified) client
+// certificate names one of names.
+func verifyClientNames(names []string) func(tls.ConnectionState) error {
+	return func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) == 0 {
+			return errors.New("no client certificate")
+		}
+		got := SANs(cs.PeerCertificates[0])
+		for _, n := range got {
+			if slices.Contains(names, n) {
+				return nil
+			}
+		}
+		return fmt.Errorf("client certificate names none of %s (it names %s)", strings.Join(names, ", "), strings.Join(got, ", "))
+	}
+}
+
+// SANs lists the subject alternative names of c: DNS names, URIs, IP
+// addresses and e-mail addresses, each as written in a certificate request.
+func SANs(c *x509.Certificate) []string {
+	var out []string
+	out = append(out, c.DNSNames...)
+	for _, u := range c.URIs {
+		out = append(out, u.String())
+	}
+	for _, ip := range c.IPAddresses {
+		out = append(out, ip.String())
+	}
+	return append(out, c.EmailAddresses...)
+}
+
+func loadPair(certFile, keyFile string) (tls.Certificate, error) {
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return cert, fmt.Errorf("certificate %s with key %s: %w", certFile, keyFile, err)
+	}
+	return cert, nil
+}
+
+func loadPool(file string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("authorities: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("authorities %s: no PEM certificate found", file)
+	}
+	return pool, nil
+}
