@@ -198,8 +198,15 @@ type envoy struct {
 // the admin API reports it ready.
 func startEnvoy(t testing.TB, rlsGRPCAddr string) *envoy {
 	t.Helper()
+	return startEnvoyTLS(t, rlsGRPCAddr, nil)
+}
+
+// startEnvoyTLS is startEnvoy with rlsTLS, when not nil, as the envoy_rls
+// cluster's transport_socket.
+func startEnvoyTLS(t testing.TB, rlsGRPCAddr string, rlsTLS map[string]any) *envoy {
+	t.Helper()
 	edge, backend, admin := testenv.FreePort(t), testenv.FreePort(t), testenv.FreePort(t)
-	ports := envoyPorts{Admin: admin, Edge: edge, Backend: backend, RLSTimeout: testRLSTimeout}
+	ports := envoyPorts{Admin: admin, Edge: edge, Backend: backend, RLSTimeout: testRLSTimeout, RLSTLS: rlsTLS}
 	if listen.IsUnix(rlsGRPCAddr) {
 		pipe, err := listen.UnixPath(rlsGRPCAddr)
 		if err != nil {
@@ -244,6 +251,8 @@ type envoyPorts struct {
 	RLSPipe string
 	// RLSTimeout, when set, replaces the ratelimit filter's timeout.
 	RLSTimeout time.Duration
+	// RLSTLS, when set, is the envoy_rls cluster's transport_socket.
+	RLSTLS map[string]any
 }
 
 // testRLSTimeout replaces envoy.yaml's 50 ms rate-limit timeout in the
@@ -306,6 +315,9 @@ func rewriteEnvoyConfig(src, dst string, p envoyPorts) error {
 		}
 		c["type"] = "STATIC"
 		delete(c, "dns_lookup_family")
+		if name == "envoy_rls" && p.RLSTLS != nil {
+			c["transport_socket"] = p.RLSTLS
+		}
 		c["load_assignment"] = map[string]any{
 			"cluster_name": name,
 			"endpoints": []any{map[string]any{

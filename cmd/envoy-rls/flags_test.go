@@ -107,6 +107,10 @@ func TestServeFlagsOutOfRange(t *testing.T) {
 		{args: []string{"--redis.password", "x", "--redis.tls.ca", "ca.pem"}, want: "--redis.password, --redis.tls.ca set, but no Redis"},
 		{args: []string{"--grpc.socket-mode", "0660"}, want: "--grpc.socket-mode is set, but --grpc.addr :8081 is no Unix socket"},
 		{env: map[string]string{"ENVOY_RLS_GRPC_SOCKET_MODE": "0660"}, want: "--grpc.socket-mode is set, but --grpc.addr"},
+		{args: []string{"--grpc.tls.cert", "tls.crt"}, want: "--grpc.tls.cert and --grpc.tls.key go together"},
+		{env: map[string]string{"ENVOY_RLS_GRPC_TLS_KEY": "tls.key"}, want: "--grpc.tls.cert and --grpc.tls.key go together"},
+		{args: []string{"--grpc.tls.client-ca", "ca.pem"}, want: "--grpc.tls.client-ca is set, but TLS is off"},
+		{args: []string{"--grpc.tls.cert", "c", "--grpc.tls.key", "k", "--grpc.tls.client-san", "envoy"}, want: "--grpc.tls.client-san is set, but no --grpc.tls.client-ca"},
 	} {
 		lookup := func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }
 		_, err := parseServeFlags(tc.args, io.Discard, lookup)
@@ -121,6 +125,7 @@ func TestServeFlagsOutOfRange(t *testing.T) {
 		{"--metrics.near-limit-ratio", "1", "--debug.top-capacity", "1", "--redis.sentinel-addrs", "h:26379", "--redis.sentinel-master", "m"},
 		{"--grpc.stream-workers", "0", "--grpc.conn-window", "65535", "--runtime.gc-percent", "1"},
 		{"--grpc.addr", "unix:/run/rls.sock", "--grpc.socket-mode", "0600"},
+		{"--grpc.tls.cert", "c", "--grpc.tls.key", "k", "--grpc.tls.client-ca", "ca", "--grpc.tls.client-san", "envoy,spiffe://td/envoy"},
 	} {
 		if _, err := parseServeFlags(args, io.Discard, func(string) (string, bool) { return "", false }); err != nil {
 			t.Errorf("%q: %v", args, err)

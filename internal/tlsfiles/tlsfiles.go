@@ -2,17 +2,17 @@
 // from PEM files: a client's (to Redis, to a gRPC server), and a server's
 // that takes renewed certificates without a restart.
 //
-// A server's files are looked at on every handshake: when one of them
-// changed (its size, modification time or inode; a Kubernetes Secret's
-// symlink swap changes all three), they are read again, and a new
-// connection gets the new certificate at once. A set that does not load (a
-// half-written renewal, a key that does not match the certificate) leaves
-// the last good one in use, is reported once, and is tried again when the
-// files change again. Connections already open keep their session: TLS
+// A server's files are read at every handshake: when one of them changed (a
+// renewal written in place, a Kubernetes Secret's symlink swap), they are
+// parsed again, and a new connection gets the new certificate at once. A
+// set that does not load (a half-written renewal, a key that does not match
+// the certificate) leaves the last good one in use, is reported once, and
+// is tried again when the files change again. Connections already open keep their session: TLS
 // certificates are checked at the handshake.
 package tlsfiles
 
 import (
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -22,7 +22,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 )
 
@@ -162,12 +161,12 @@ func NewServer(f ServerFiles, onLoad func(Loaded)) (*Server, error) {
 		return nil, errors.New("client names to accept are set, but no authority for client certificates")
 	}
 	s := &Server{files: f, onLoad: onLoad}
-	stamp := s.stampFiles()
-	cfg, leaf, err := s.load()
+	c := s.read()
+	cfg, leaf, err := s.parse(c)
 	if err != nil {
 		return nil, err
 	}
-	s.cfg, s.leaf, s.stamp = cfg, leaf, stamp
+	s.cfg, s.leaf, s.stamp = cfg, leaf, c.stamp
 	s.report(true, nil)
 	return s, nil
 }
@@ -182,23 +181,16 @@ func (s *Server) Config() *tls.Config {
 	}
 }
 
-// NotAfter is the end of the served certificate's validity.
-func (s *Server) NotAfter() time.Time {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.leaf.NotAfter
-}
-
 func (s *Server) configForClient(*tls.ClientHelloInfo) (*tls.Config, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	stamp := s.stampFiles()
-	if stamp != s.stamp && stamp != s.badStamp {
-		cfg, leaf, err := s.load()
+	c := s.read()
+	if c.stamp != s.stamp && c.stamp != s.badStamp {
+		cfg, leaf, err := s.parse(c)
 		if err != nil {
-			s.badStamp = stamp
+			s.badStamp = c.stamp
 		} else {
-			s.cfg, s.leaf, s.stamp, s.badStamp = cfg, leaf, stamp, ""
+			s.cfg, s.leaf, s.stamp, s.badStamp = cfg, leaf, c.stamp, ""
 		}
 		s.report(false, err)
 	}
@@ -211,34 +203,51 @@ func (s *Server) report(initial bool, err error) {
 	}
 }
 
-// stampFiles identifies the current content of the files without reading
-// them: size, modification time and inode of each, or why it cannot be
-// looked at.
-func (s *Server) stampFiles() string {
-	var b strings.Builder
-	for _, name := range []string{s.files.Cert, s.files.Key, s.files.ClientCA} {
-		if name == "" {
-			continue
-		}
-		fi, err := os.Stat(name)
-		if err != nil {
-			fmt.Fprintf(&b, "%s: %v;", name, err)
-			continue
-		}
-		var ino uint64
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-			ino = st.Ino
-		}
-		fmt.Fprintf(&b, "%s %d %d %d;", name, fi.Size(), fi.ModTime().UnixNano(), ino)
-	}
-	return b.String()
+// contents are the files of a server as read at one instant.
+type contents struct {
+	cert, key, ca []byte
+	err           error // the first file that could not be read
+	// stamp identifies the contents: a hash of each file, or why it could
+	// not be read. Reading a few kilobytes at a handshake costs far less
+	// than the handshake's own cryptography and, unlike a file's size and
+	// modification time (whose clock ticks every few milliseconds), no
+	// change goes unseen.
+	stamp string
 }
 
-// load reads the files into a complete configuration.
-func (s *Server) load() (*tls.Config, *x509.Certificate, error) {
-	cert, err := loadPair(s.files.Cert, s.files.Key)
+func (s *Server) read() contents {
+	var c contents
+	var b strings.Builder
+	for _, f := range []struct {
+		name string
+		dst  *[]byte
+	}{{s.files.Cert, &c.cert}, {s.files.Key, &c.key}, {s.files.ClientCA, &c.ca}} {
+		if f.name == "" {
+			continue
+		}
+		data, err := os.ReadFile(f.name)
+		if err != nil {
+			fmt.Fprintf(&b, "%s: %v;", f.name, err)
+			if c.err == nil {
+				c.err = err
+			}
+			continue
+		}
+		*f.dst = data
+		fmt.Fprintf(&b, "%s %x;", f.name, sha256.Sum256(data))
+	}
+	c.stamp = b.String()
+	return c
+}
+
+// parse makes a complete configuration of c.
+func (s *Server) parse(c contents) (*tls.Config, *x509.Certificate, error) {
+	if c.err != nil {
+		return nil, nil, c.err // os.ReadFile's error names the file
+	}
+	cert, err := tls.X509KeyPair(c.cert, c.key)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("certificate %s with key %s: %w", s.files.Cert, s.files.Key, err)
 	}
 	leaf, err := x509.ParseCertificate(cert.Certificate[0])
 	if err != nil {
@@ -250,9 +259,9 @@ func (s *Server) load() (*tls.Config, *x509.Certificate, error) {
 		Certificates: []tls.Certificate{cert},
 	}
 	if s.files.ClientCA != "" {
-		pool, err := loadPool(s.files.ClientCA)
-		if err != nil {
-			return nil, nil, err
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(c.ca) {
+			return nil, nil, fmt.Errorf("client authorities %s: no PEM certificate found", s.files.ClientCA)
 		}
 		cfg.ClientCAs = pool
 		cfg.ClientAuth = tls.RequireAndVerifyClientCert

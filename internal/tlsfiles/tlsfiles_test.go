@@ -1,0 +1,327 @@
+package tlsfiles_test
+
+import (
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"flag"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/envoy-rls/envoy-rls/internal/testenv"
+	"github.com/envoy-rls/envoy-rls/internal/tlsfiles"
+)
+
+// outcome is one handshake seen from both ends.
+type outcome struct {
+	client, server error
+	// served is the certificate the client received.
+	served *x509.Certificate
+}
+
+// handshake runs one TLS handshake on loopback between a client with cfg
+// and a server with srv's configuration.
+func handshake(t *testing.T, srv *tlsfiles.Server, cfg *tls.Config) outcome {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	serverErr := make(chan error, 1)
+	go func() {
+		conn, err := ln.Accept()
+		if err != nil {
+			serverErr <- err
+			return
+		}
+		defer conn.Close()
+		serverErr <- tls.Server(conn, srv.Config()).Handshake()
+	}()
+	var o outcome
+	conn, err := tls.Dial("tcp", ln.Addr().String(), cfg)
+	if err == nil {
+		o.served = conn.ConnectionState().PeerCertificates[0]
+		// TLS 1.3 verifies the client's certificate after the client's
+		// handshake returns: the refusal arrives as the first read's error.
+		if _, err = conn.Read(make([]byte, 1)); errors.Is(err, io.EOF) {
+			err = nil
+		}
+		conn.Close()
+	}
+	o.client = err
+	o.server = <-serverErr
+	return o
+}
+
+// clientConfig trusts ca and presents the certificate certFile/keyFile
+// (none when empty).
+func clientConfig(t *testing.T, ca, certFile, keyFile string) *tls.Config {
+	t.Helper()
+	cfg, err := tlsfiles.Client(tlsfiles.ClientFiles{CA: ca, Cert: certFile, Key: keyFile, ServerName: "localhost"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// certOf is the certificate in a PEM file.
+func certOf(t *testing.T, file string) *x509.Certificate {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, _ := pem.Decode(b)
+	if block == nil {
+		t.Fatalf("%s: no PEM", file)
+	}
+	c, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// copyFile writes src's content to dst in place, as a renewal might.
+func copyFile(t *testing.T, src, dst string) {
+	t.Helper()
+	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dst, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// loads records the loads a Server reports.
+type loads []tlsfiles.Loaded
+
+func (l *loads) record(ev tlsfiles.Loaded) { *l = append(*l, ev) }
+
+func TestServerServesItsCertificate(t *testing.T) {
+	a := testenv.NewTLSFiles(t)
+	var got loads
+	srv, err := tlsfiles.NewServer(tlsfiles.ServerFiles{Cert: a.Cert, Key: a.Key}, got.record)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := certOf(t, a.Cert)
+	if len(got) != 1 || !got[0].Initial || got[0].Err != nil || !got[0].NotAfter.Equal(want.NotAfter) || got[0].Subject != want.Subject.String() {
+		t.Fatalf("loads at start = %+v, want one initial load of %s until %v", got, want.Subject, want.NotAfter)
+	}
+	// Without client authorities, a client without a certificate is served.
+	o := handshake(t, srv, clientConfig(t, a.CA, "", ""))
+	if o.client != nil || o.server != nil {
+		t.Fatalf("handshake: client %v, server %v", o.client, o.server)
+	}
+	if !bytes.Equal(o.served.Raw, want.Raw) {
+		t.Errorf("served %s, want %s", o.served.Subject, want.Subject)
+	}
+	// Another authority's client does not trust it.
+	if o := handshake(t, srv, clientConfig(t, testenv.NewTLSFiles(t).CA, "", "")); o.client == nil {
+		t.Error("a client trusting another authority accepted the certificate")
+	}
+	if len(got) != 1 {
+		t.Errorf("unchanged files reported %d loads after the first: %+v", len(got)-1, got[1:])
+	}
+}
+
+// TestServerReloadsChangedFiles: a renewal written in place is served at
+// the next handshake; a set that does not load keeps the previous
+// certificate, is reported once, and is tried again once the files change.
+func TestServerReloadsChangedFiles(t *testing.T) {
+	a, b := testenv.NewTLSFiles(t), testenv.NewTLSFiles(t)
+	dir := t.TempDir()
+	cert, key := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	copyFile(t, a.Cert, cert)
+	copyFile(t, a.Key, key)
+	var got loads
+	srv, err := tlsfiles.NewServer(tlsfiles.ServerFiles{Cert: cert, Key: key}, got.record)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trustA, trustB := clientConfig(t, a.CA, "", ""), clientConfig(t, b.CA, "", "")
+	serves := func(step string, cfg *tls.Config, want string) {
+		t.Helper()
+		o := handshake(t, srv, cfg)
+		if o.client != nil || o.server != nil {
+			t.Fatalf("%s: handshake: client %v, server %v", step, o.client, o.server)
+		}
+		if !bytes.Equal(o.served.Raw, certOf(t, want).Raw) {
+			t.Fatalf("%s: served %s (issuer %s), want %s", step, o.served.Subject, o.served.Issuer, want)
+		}
+	}
+	serves("start", trustA, a.Cert)
+
+	// Renewed: B's certificate and key, written in place.
+	copyFile(t, b.Cert, cert)
+	copyFile(t, b.Key, key)
+	serves("renewed", trustB, b.Cert)
+	if o := handshake(t, srv, trustA); o.client == nil {
+		t.Error("renewed: a client trusting only the old authority accepted the new certificate")
+	}
+	if n := len(got); n != 2 || got[1].Initial || got[1].Err != nil || !got[1].NotAfter.Equal(certOf(t, b.Cert).NotAfter) {
+		t.Fatalf("loads after the renewal = %+v, want a second, successful one", got)
+	}
+
+	// Half-written: A's certificate with B's key does not load.
+	copyFile(t, a.Cert, cert)
+	serves("half-written", trustB, b.Cert)
+	serves("half-written, again", trustB, b.Cert)
+	if n := len(got); n != 3 || got[2].Err == nil || !strings.Contains(got[2].Err.Error(), cert) {
+		t.Fatalf("loads after a mismatched pair = %+v, want one failure naming %s", got, cert)
+	}
+	if !got[2].NotAfter.Equal(certOf(t, b.Cert).NotAfter) {
+		t.Errorf("the failure reports expiry %v, want the still-served certificate's %v", got[2].NotAfter, certOf(t, b.Cert).NotAfter)
+	}
+
+	// Completed: the key follows.
+	copyFile(t, a.Key, key)
+	serves("completed", trustA, a.Cert)
+	if n := len(got); n != 4 || got[3].Err != nil {
+		t.Fatalf("loads after the key followed = %+v, want a fourth, successful one", got)
+	}
+
+	// Removed: the certificate file is gone; the loaded one is still served.
+	if err := os.Remove(cert); err != nil {
+		t.Fatal(err)
+	}
+	serves("removed", trustA, a.Cert)
+	if n := len(got); n != 5 || got[4].Err == nil || !strings.Contains(got[4].Err.Error(), cert) {
+		t.Fatalf("loads after the file was removed = %+v, want a failure naming %s", got, cert)
+	}
+}
+
+// TestServerMutualTLS: with client authorities, every client must present
+// a certificate they signed, and the authorities are read again when they
+// change; with client names, the certificate must carry one.
+func TestServerMutualTLS(t *testing.T) {
+	a, b := testenv.NewTLSFiles(t), testenv.NewTLSFiles(t)
+	dir := t.TempDir()
+	clientCA := filepath.Join(dir, "client-ca.pem")
+	copyFile(t, a.CA, clientCA)
+	srv, err := tlsfiles.NewServer(tlsfiles.ServerFiles{Cert: a.Cert, Key: a.Key, ClientCA: clientCA}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepts := func(step string, certFile, keyFile string, want bool) {
+		t.Helper()
+		o := handshake(t, srv, clientConfig(t, a.CA, certFile, keyFile))
+		switch {
+		case want && (o.client != nil || o.server != nil):
+			t.Errorf("%s: refused: client %v, server %v", step, o.client, o.server)
+		case !want && (o.server == nil || o.client == nil):
+			t.Errorf("%s: accepted (client %v, server %v)", step, o.client, o.server)
+		}
+	}
+	accepts("A's client", a.ClientCert, a.ClientKey, true)
+	accepts("no certificate", "", "", false)
+	accepts("B's client", b.ClientCert, b.ClientKey, false)
+
+	copyFile(t, b.CA, clientCA)
+	accepts("B's client once B is the client authority", b.ClientCert, b.ClientKey, true)
+	accepts("A's client once B is the client authority", a.ClientCert, a.ClientKey, false)
+
+	named := func(sans ...string) *tlsfiles.Server {
+		srv, err := tlsfiles.NewServer(tlsfiles.ServerFiles{Cert: a.Cert, Key: a.Key, ClientCA: a.CA, ClientSANs: sans}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return srv
+	}
+	// a.ClientCert names DNS:client; a.Cert, presented as a client
+	// certificate, DNS:localhost and IP 127.0.0.1.
+	for _, tc := range []struct {
+		sans           []string
+		certFile, key  string
+		want           bool
+		refusalMention string
+	}{
+		{[]string{"client"}, a.ClientCert, a.ClientKey, true, ""},
+		{[]string{"other", "client"}, a.ClientCert, a.ClientKey, true, ""},
+		{[]string{"client"}, a.Cert, a.Key, false, "names none of client (it names localhost, 127.0.0.1)"},
+		{[]string{"127.0.0.1"}, a.Cert, a.Key, true, ""},
+		{[]string{"spiffe://cluster.local/ns/edge/sa/envoy"}, a.ClientCert, a.ClientKey, false, "names none of spiffe://"},
+	} {
+		o := handshake(t, named(tc.sans...), clientConfig(t, a.CA, tc.certFile, tc.key))
+		switch {
+		case tc.want && (o.client != nil || o.server != nil):
+			t.Errorf("names %v, %s: refused: client %v, server %v", tc.sans, tc.certFile, o.client, o.server)
+		case !tc.want && (o.server == nil || !strings.Contains(o.server.Error(), tc.refusalMention)):
+			t.Errorf("names %v, %s: server error %v, want one saying %q", tc.sans, tc.certFile, o.server, tc.refusalMention)
+		}
+	}
+}
+
+func TestNewServerRefusesBadFiles(t *testing.T) {
+	a, b := testenv.NewTLSFiles(t), testenv.NewTLSFiles(t)
+	dir := t.TempDir()
+	junk := filepath.Join(dir, "junk.pem")
+	if err := os.WriteFile(junk, []byte("not pem"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(dir, "missing.pem")
+	for _, tc := range []struct {
+		name  string
+		files tlsfiles.ServerFiles
+		want  string
+	}{
+		{"no key", tlsfiles.ServerFiles{Cert: a.Cert}, "both the certificate and the key"},
+		{"names without authority", tlsfiles.ServerFiles{Cert: a.Cert, Key: a.Key, ClientSANs: []string{"client"}}, "no authority"},
+		{"missing certificate", tlsfiles.ServerFiles{Cert: missing, Key: a.Key}, missing},
+		{"missing authorities", tlsfiles.ServerFiles{Cert: a.Cert, Key: a.Key, ClientCA: missing}, missing},
+		{"key of another certificate", tlsfiles.ServerFiles{Cert: a.Cert, Key: b.Key}, a.Cert},
+		{"junk certificate", tlsfiles.ServerFiles{Cert: junk, Key: a.Key}, junk},
+		{"junk authorities", tlsfiles.ServerFiles{Cert: a.Cert, Key: a.Key, ClientCA: junk}, "client authorities " + junk + ": no PEM certificate"},
+	} {
+		_, err := tlsfiles.NewServer(tc.files, nil)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: NewServer error %v, want one mentioning %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+func TestClientFlags(t *testing.T) {
+	a := testenv.NewTLSFiles(t)
+	parse := func(args ...string) (*tls.Config, error) {
+		t.Helper()
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		var f tlsfiles.ClientFlags
+		f.Register(fs, "server")
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		return f.Config()
+	}
+	if cfg, err := parse(); cfg != nil || err != nil {
+		t.Errorf("no flags: %v, %v; want plain text", cfg, err)
+	}
+	if cfg, err := parse("--tls"); err != nil || cfg == nil || cfg.RootCAs != nil {
+		t.Errorf("--tls: %+v, %v; want TLS with the system's authorities", cfg, err)
+	}
+	cfg, err := parse("--tls.ca", a.CA, "--tls.cert", a.ClientCert, "--tls.key", a.ClientKey, "--tls.server-name", "rls.internal")
+	if err != nil || cfg.RootCAs == nil || len(cfg.Certificates) != 1 || cfg.ServerName != "rls.internal" || cfg.InsecureSkipVerify {
+		t.Errorf("every file flag: %+v, %v", cfg, err)
+	}
+	if cfg, err := parse("--tls.insecure-skip-verify"); err != nil || cfg == nil || !cfg.InsecureSkipVerify {
+		t.Errorf("--tls.insecure-skip-verify alone: %+v, %v; want TLS without verification", cfg, err)
+	}
+	for _, args := range [][]string{
+		{"--tls.cert", a.ClientCert},
+		{"--tls.ca", a.ClientKey},
+		{"--tls.cert", a.ClientCert, "--tls.key", a.Key},
+	} {
+		if _, err := parse(args...); err == nil || !strings.Contains(err.Error(), "--tls.*") {
+			t.Errorf("%v: error %v, want one naming --tls.*", args, err)
+		}
+	}
+}
