@@ -27,7 +27,7 @@ func (o *grpcTLSOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.cert, "grpc.tls.cert", "", "PEM certificate (with its chain) the gRPC listener presents: serve TLS (with --grpc.tls.key); renewed files are read at the next handshake")
 	fs.StringVar(&o.key, "grpc.tls.key", "", "PEM key of --grpc.tls.cert")
 	fs.StringVar(&o.clientCA, "grpc.tls.client-ca", "", "PEM file of the authorities that sign client certificates: every client must present one (mutual TLS; needs --grpc.tls.cert)")
-	fs.Var(&o.clientSANs, "grpc.tls.client-san", "names a client certificate must carry one of, comma-separated: DNS names, URIs (a SPIFFE ID), IP or e-mail addresses (needs --grpc.tls.client-ca)")
+	fs.Var(&o.clientSANs, "grpc.tls.client-san", "names a client certificate must carry one of, comma-separated: host names or IP addresses it is valid for (a wildcard DNS name covers its subdomains), URIs (a SPIFFE ID) or e-mail addresses (needs --grpc.tls.client-ca)")
 }
 
 // check refuses a partial setting, naming the flags.

@@ -18,6 +18,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
@@ -120,8 +121,10 @@ type ServerFiles struct {
 	// TLS).
 	ClientCA string
 	// ClientSANs, when set (with ClientCA), are the names a client
-	// certificate may carry: it must name at least one of them among its
-	// DNS names, URIs (a SPIFFE ID), IP addresses or e-mail addresses.
+	// certificate may carry: it must name at least one of them, as a host
+	// name or IP address it is valid for (a wildcard DNS name covers its
+	// subdomains), or as one of its URIs (a SPIFFE ID) or e-mail
+	// addresses.
 	ClientSANs []string
 }
 
@@ -273,19 +276,24 @@ func (s *Server) parse(c contents) (*tls.Config, *x509.Certificate, error) {
 }
 
 // verifyClientNames accepts a connection whose (verified) client
-// certificate names one of names.
+// certificate names one of names: a host name or IP address the
+// certificate is valid for (as a server's would be checked, so that a
+// wildcard DNS name covers its subdomains, as envoyproxy/ratelimit's
+// GRPC_CLIENT_TLS_SAN does), or one of its URIs or e-mail addresses, as
+// written.
 func verifyClientNames(names []string) func(tls.ConnectionState) error {
 	return func(cs tls.ConnectionState) error {
 		if len(cs.PeerCertificates) == 0 {
 			return errors.New("no client certificate")
 		}
-		got := SANs(cs.PeerCertificates[0])
-		for _, n := range got {
-			if slices.Contains(names, n) {
+		c := cs.PeerCertificates[0]
+		for _, n := range names {
+			if c.VerifyHostname(n) == nil || slices.Contains(c.EmailAddresses, n) ||
+				slices.ContainsFunc(c.URIs, func(u *url.URL) bool { return u.String() == n }) {
 				return nil
 			}
 		}
-		return fmt.Errorf("client certificate names none of %s (it names %s)", strings.Join(names, ", "), strings.Join(got, ", "))
+		return fmt.Errorf("client certificate names none of %s (it names %s)", strings.Join(names, ", "), strings.Join(SANs(c), ", "))
 	}
 }
 
