@@ -81,7 +81,16 @@
 #                    the do-nothing server, the incumbent) on loopback TCP
 #                    ports; "unix": on Unix sockets (envoy-rls --grpc.addr
 #                    unix:..., the incumbent's GRPC_UDS), as an Envoy on the
-#                    same host can (a pipe address)
+#                    same host can (a pipe address); "tls": on loopback TCP
+#                    ports over TLS, every server presenting a certificate
+#                    for 127.0.0.1 of a CA made for the run by openssl(1)
+#                    (envoy-rls --grpc.tls.cert/--grpc.tls.key, rls-bench
+#                    serve-noop --tls.cert/--tls.key, the incumbent's
+#                    GRPC_SERVER_USE_TLS, GRPC_SERVER_TLS_CERT and
+#                    GRPC_SERVER_TLS_KEY) and the generator trusting that CA
+#                    alone (rls-bench --tls.ca), as an Envoy reaching its
+#                    rate-limit service over TLS does; with BENCH_REDIS=tls
+#                    Redis presents the same certificate
 #   BENCH_SERVER_HISTOGRAM  the envoy-rls histogram behind "server p50/p99 ms"
 #                    (default envoy_rls_request_duration_seconds;
 #                    envoy_rls_store_duration_seconds shows the wait for Redis)
@@ -105,8 +114,8 @@
 #
 # Needs: go, redis-server in PATH (`make test` installs it, or
 # scripts/install-deps.sh). Nothing else (no curl, no jq), but redis-cli
-# for BENCH_REDIS=cluster and openssl for BENCH_REDIS=tls (installed by the
-# same).
+# for BENCH_REDIS=cluster and openssl for BENCH_REDIS=tls and BENCH_GRPC=tls
+# (installed by the same).
 #
 # Note the machine: generator, envoy-rls, Redis and the do-nothing server share
 # its cores, so on a small machine the figures are a comparison between
@@ -142,9 +151,9 @@ single | unix | tls | cluster) ;;
 	;;
 esac
 case "$BENCH_GRPC" in
-tcp | unix) ;;
+tcp | unix | tls) ;;
 *)
-	printf 'bench: BENCH_GRPC=%s: want tcp or unix\n' "$BENCH_GRPC" >&2
+	printf 'bench: BENCH_GRPC=%s: want tcp, unix or tls\n' "$BENCH_GRPC" >&2
 	exit 2
 	;;
 esac
@@ -269,10 +278,13 @@ if [ "$needs_rls" = 1 ]; then
 		command -v redis-cli >/dev/null 2>&1 ||
 			die "redis-cli not found in PATH (BENCH_REDIS=cluster): run \`make test\` (it installs redis-tools) or scripts/install-deps.sh"
 	fi
-	if [ "$BENCH_REDIS" = tls ]; then
-		command -v openssl >/dev/null 2>&1 ||
-			die "openssl not found in PATH (BENCH_REDIS=tls): run \`make test\` (it installs openssl) or scripts/install-deps.sh"
-	fi
+fi
+# The certificates of the run (tls_files), for Redis or the gRPC servers.
+needs_tls=0
+if [ "$BENCH_GRPC" = tls ] || { [ "$BENCH_REDIS" = tls ] && [ "$needs_rls" = 1 ]; }; then
+	needs_tls=1
+	command -v openssl >/dev/null 2>&1 ||
+		die "openssl not found in PATH (BENCH_REDIS=tls or BENCH_GRPC=tls): run \`make test\` (it installs openssl) or scripts/install-deps.sh"
 fi
 INC_BIN=""
 case "$BENCH_INCUMBENT" in
@@ -295,6 +307,38 @@ if [ -n "$INC_BIN" ] && [ "$needs_rls" = 0 ]; then
 fi
 
 # --- servers -------------------------------------------------------------------
+# tls_files: a CA made for this run and a certificate it signed for
+# 127.0.0.1 (ECDSA P-256), in $TMP/tls: ca.pem, server.pem, server.key.
+tls_files() {
+	local d="$TMP/tls"
+	mkdir -p "$d"
+	printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >"$d/ext"
+	{
+		openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+			-subj "/CN=envoy-rls bench CA" -keyout "$d/ca.key" -out "$d/ca.pem" \
+			-addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign &&
+			openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+				-subj "/CN=localhost" -keyout "$d/server.key" -out "$d/server.csr" &&
+			openssl x509 -req -in "$d/server.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial \
+				-days 2 -extfile "$d/ext" -out "$d/server.pem"
+	} >"$d/openssl.log" 2>&1 || {
+		cat "$d/openssl.log" >&2
+		die "openssl could not make the TLS certificates"
+	}
+}
+
+# With BENCH_GRPC=tls, GRPC_TLS are the arguments of rls-bench's TLS to
+# every server (the run's CA alone), and every server presents
+# $TMP/tls/server.pem.
+GRPC_TLS=()
+if [ "$needs_tls" = 1 ]; then
+	tls_files
+fi
+if [ "$BENCH_GRPC" = tls ]; then
+	GRPC_TLS=(--tls.ca "$TMP/tls/ca.pem")
+	log "gRPC over TLS: every server presents $TMP/tls/server.pem (for 127.0.0.1, signed by the run's CA); rls-bench ${GRPC_TLS[*]}"
+fi
+
 # socket NAME: the path of a Unix socket in $TMP, or the script stops if it is
 # longer than a socket address holds.
 socket() {
@@ -304,7 +348,8 @@ socket() {
 	printf '%s' "$path"
 }
 # grpc_addr NAME: a gRPC address for a server, on a free loopback port or
-# (BENCH_GRPC=unix) a Unix socket; grpc_ready ADDR: it accepts.
+# (BENCH_GRPC=unix) a Unix socket; grpc_ready ADDR: it accepts. That is
+# ready with TLS too: a server reads its certificate before it listens.
 grpc_addr() {
 	local at
 	if [ "$BENCH_GRPC" = unix ]; then
@@ -321,9 +366,13 @@ grpc_ready() {
 	*) tcp_open "${1##*:}" ;;
 	esac
 }
+NOOP_TLS=()
+if [ "$BENCH_GRPC" = tls ]; then
+	NOOP_TLS=(--tls.cert "$TMP/tls/server.pem" --tls.key "$TMP/tls/server.key")
+fi
 start_noop() {
 	NOOP_ADDR="$(grpc_addr noop)"
-	"$BIN/rls-bench" serve-noop --addr "$NOOP_ADDR" >"$TMP/noop.log" 2>&1 &
+	"$BIN/rls-bench" serve-noop --addr "$NOOP_ADDR" "${NOOP_TLS[@]}" >"$TMP/noop.log" 2>&1 &
 	NOOP_PID=$!
 	LAUNCHED_PID=$NOOP_PID
 }
@@ -355,26 +404,6 @@ launch_redis() {
 	LAUNCHED_PID=$REDIS_PID
 }
 redis_ready() { redis_pong "$REDIS_PORT"; }
-
-# tls_files: a CA made for this run and a certificate it signed for
-# 127.0.0.1 (ECDSA P-256), in $TMP/tls: ca.pem, server.pem, server.key.
-tls_files() {
-	local d="$TMP/tls"
-	mkdir -p "$d"
-	printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >"$d/ext"
-	{
-		openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
-			-subj "/CN=envoy-rls bench CA" -keyout "$d/ca.key" -out "$d/ca.pem" \
-			-addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign &&
-			openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
-				-subj "/CN=localhost" -keyout "$d/server.key" -out "$d/server.csr" &&
-			openssl x509 -req -in "$d/server.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial \
-				-days 2 -extfile "$d/ext" -out "$d/server.pem"
-	} >"$d/openssl.log" 2>&1 || {
-		cat "$d/openssl.log" >&2
-		die "openssl could not make the TLS certificates"
-	}
-}
 
 cluster_ok() ( # cluster_ok PORT: CLUSTER INFO says cluster_state:ok
 	exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
@@ -417,7 +446,6 @@ if [ "$needs_rls" = 1 ]; then
 		REDIS_CPU+=(--cpu "redis=$REDIS_PID")
 		REDIS_FLAG=(--redis.url "unix://$REDIS_SOCK")
 	elif [ "$BENCH_REDIS" = tls ]; then
-		tls_files
 		start_redis redis
 		log "redis: plain TCP on $REDIS_PORT (the readiness probe's), TLS on $REDIS_TLS_PORT"
 		REDIS_CPU+=(--cpu "redis=$REDIS_PID")
@@ -430,13 +458,17 @@ if [ "$needs_rls" = 1 ]; then
 
 	mkdir -p "$TMP/config"
 	cp "$ROOT"/testdata/bench/*.yaml "$TMP/config/"
+	RLS_TLS=()
+	if [ "$BENCH_GRPC" = tls ]; then
+		RLS_TLS=(--grpc.tls.cert "$TMP/tls/server.pem" --grpc.tls.key "$TMP/tls/server.key")
+	fi
 	start_rls() {
 		RLS_ADDR="$(grpc_addr envoy-rls)"
 		RLS_HTTP="$(free_port)"
 		RLS_DEBUG="$(free_port)"
 		env $BENCH_RLS_ENV "$BIN/envoy-rls" serve \
 			--config.dir "$TMP/config" \
-			--grpc.addr "$RLS_ADDR" \
+			--grpc.addr "$RLS_ADDR" "${RLS_TLS[@]}" \
 			--http.addr "127.0.0.1:$RLS_HTTP" \
 			--debug.addr "127.0.0.1:$RLS_DEBUG" \
 			"${REDIS_FLAG[@]}" \
@@ -448,14 +480,14 @@ if [ "$needs_rls" = 1 ]; then
 	}
 	rls_ready() { http_ok "$RLS_HTTP" /readyz; }
 	launch envoy-rls "$TMP/envoy-rls.log" start_rls rls_ready
-	log "redis ($BENCH_REDIS) ${REDIS_FLAG[*]}, envoy-rls pid $RLS_PID on $RLS_ADDR (http :$RLS_HTTP), do-nothing pid $NOOP_PID on $NOOP_ADDR"
+	log "redis ($BENCH_REDIS) ${REDIS_FLAG[*]}, envoy-rls pid $RLS_PID on $RLS_ADDR${RLS_TLS[*]:+ with ${RLS_TLS[*]}} (http :$RLS_HTTP), do-nothing pid $NOOP_PID on $NOOP_ADDR${NOOP_TLS[*]:+ with ${NOOP_TLS[*]}}"
 fi
 
 if [ -n "$INC_BIN" ]; then
 	# envoyproxy/ratelimit reads $RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/config/*.yaml:
 	# bench.yaml alone, as it is. Its settings are its defaults except the
-	# ports, Redis over TCP (or the Unix socket with BENCH_REDIS=unix, TLS
-	# with BENCH_REDIS=tls), no
+	# ports (or socket, and TLS with BENCH_GRPC=tls), Redis over TCP (or the
+	# Unix socket with BENCH_REDIS=unix, TLS with BENCH_REDIS=tls), no
 	# statsd to send to, and its local cache of over-limit keys (1 MiB) for
 	# the hot key.
 	mkdir -p "$TMP/incumbent/ratelimit/config"
@@ -483,6 +515,12 @@ if [ -n "$INC_BIN" ]; then
 		else
 			INC_GRPC=(GRPC_HOST=127.0.0.1 "GRPC_PORT=${INC_ADDR##*:}")
 		fi
+		if [ "$BENCH_GRPC" = tls ]; then
+			# It reads the pair again when a file in their directory
+			# changes (none does during the run).
+			INC_GRPC+=(GRPC_SERVER_USE_TLS=true "GRPC_SERVER_TLS_CERT=$TMP/tls/server.pem"
+				"GRPC_SERVER_TLS_KEY=$TMP/tls/server.key")
+		fi
 		INC_HTTP="$(free_port)"
 		INC_DEBUG="$(free_port)"
 		env USE_STATSD=false LOG_LEVEL=warn \
@@ -509,7 +547,7 @@ bench() {
 	shift
 	log "run $round/$BENCH_REPEAT: $label"
 	if ! "$BIN/rls-bench" --label "$label" --duration "$BENCH_DURATION" --warmup "$BENCH_WARMUP" \
-		--connections "$BENCH_CONNECTIONS" --cpu bench=self --json "$@" >>"$RESULTS" 2>"$TMP/run.err"; then
+		--connections "$BENCH_CONNECTIONS" --cpu bench=self --json "${GRPC_TLS[@]}" "$@" >>"$RESULTS" 2>"$TMP/run.err"; then
 		cat "$TMP/run.err" >&2
 		die "rls-bench failed: $label"
 	fi

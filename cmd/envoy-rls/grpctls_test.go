@@ -107,7 +107,7 @@ func TestServeGRPCTLS(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "g.yaml"), "domain: g\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 5}\n")
 	var log testenv.Buffer
-	o := serveOptions{configDir: dir, grpcTLS: grpcTLSOptions{cert: cert, key: key, clientCA: a.CA, clientSANs: listFlag{"client"}}}
+	o := serveOptions{configDir: dir, grpcTLS: tlsfiles.ServerFiles{Cert: cert, Key: key, ClientCA: a.CA, ClientSANs: []string{"client"}}}
 	r := startServeLog(t, o, &log) // its plain-text r.client is never used
 	first := tlsClient(t, r.addrs.GRPC, tlsfiles.ClientFiles{CA: a.CA, Cert: a.ClientCert, Key: a.ClientKey})
 	r.client = first
@@ -218,7 +218,7 @@ func TestQueryOverTLS(t *testing.T) {
 	a := testenv.NewTLSFiles(t)
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "q.yaml"), "domain: q\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n")
-	r := startServe(t, serveOptions{configDir: dir, grpcTLS: grpcTLSOptions{cert: a.Cert, key: a.Key}})
+	r := startServe(t, serveOptions{configDir: dir, grpcTLS: tlsfiles.ServerFiles{Cert: a.Cert, Key: a.Key}})
 	var out strings.Builder
 	err := queryMain([]string{"--addr", r.addrs.GRPC, "--domain", "q", "--descriptor", "k=v", "--count", "3", "--tls.ca", a.CA}, &out, io.Discard)
 	if err != nil {
@@ -255,12 +255,12 @@ func TestServeRefusesMissingTLSFiles(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "missing.pem")
 	for _, tc := range []struct {
 		name string
-		tls  grpcTLSOptions
+		tls  tlsfiles.ServerFiles
 		want string
 	}{
-		{"missing certificate", grpcTLSOptions{cert: missing, key: a.Key}, missing},
-		{"another key", grpcTLSOptions{cert: a.Cert, key: b.Key}, "certificate " + a.Cert + " with key " + b.Key},
-		{"missing client CA", grpcTLSOptions{cert: a.Cert, key: a.Key, clientCA: missing}, missing},
+		{"missing certificate", tlsfiles.ServerFiles{Cert: missing, Key: a.Key}, missing},
+		{"another key", tlsfiles.ServerFiles{Cert: a.Cert, Key: b.Key}, "certificate " + a.Cert + " with key " + b.Key},
+		{"missing client CA", tlsfiles.ServerFiles{Cert: a.Cert, Key: a.Key, ClientCA: missing}, missing},
 	} {
 		o := serveOptions{configDir: dir, headers: "ietf", grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0", grpcTLS: tc.tls}
 		err := serve(t.Context(), o, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, nil)

@@ -29,6 +29,7 @@ import (
 
 	"github.com/envoy-rls/envoy-rls/internal/gcpercent"
 	"github.com/envoy-rls/envoy-rls/internal/listen"
+	"github.com/envoy-rls/envoy-rls/internal/tlsfiles"
 	"github.com/envoy-rls/envoy-rls/pkg/descriptors"
 	"github.com/envoy-rls/envoy-rls/pkg/metrics"
 	"github.com/envoy-rls/envoy-rls/pkg/rls"
@@ -43,7 +44,7 @@ type serveOptions struct {
 	grpcMode       listen.Mode
 	grpcWorkers    int
 	grpcWindow     int
-	grpcTLS        grpcTLSOptions
+	grpcTLS        tlsfiles.ServerFiles
 	httpAddr       string
 	debugAddr      string
 	headers        string
@@ -68,7 +69,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.Var(&o.grpcMode, "grpc.socket-mode", "permission of the unix: --grpc.addr socket, in octal: who on this host may connect (0660 with a group shared with Envoy restricts it to them)")
 	fs.IntVar(&o.grpcWorkers, "grpc.stream-workers", 64, "goroutines kept to serve gRPC calls (more concurrent calls get a goroutine each); reusing them spares a goroutine start and stack growth per call; 0 starts one per call")
 	fs.IntVar(&o.grpcWindow, "grpc.conn-window", defaultConnWindow, "fixed HTTP/2 flow-control window of each gRPC connection, in bytes (65535 or more): a fixed window spares the BDP ping grpc-go otherwise sends, and the client answers, for most requests; 0 lets grpc-go size the windows by BDP estimation")
-	o.grpcTLS.register(fs)
+	o.grpcTLS.Register(fs, "grpc.tls.")
 	fs.StringVar(&o.httpAddr, "http.addr", ":9090", "HTTP listen address (/metrics, /healthz, /readyz)")
 	fs.StringVar(&o.debugAddr, "debug.addr", "127.0.0.1:6070", "debug listen address (pprof, /debug/config, /debug/explain, /debug/top); empty disables it")
 	fs.StringVar(&o.headers, "headers", "ietf", "rate-limit response headers: ietf (RateLimit-Policy, RateLimit), draft03 (X-RateLimit-*), none")
@@ -107,8 +108,8 @@ func parseServeFlags(args []string, stderr io.Writer, lookupEnv func(string) (st
 	if err := o.checkRanges(); err != nil {
 		return o, err
 	}
-	if err := o.grpcTLS.check(); err != nil {
-		return o, err
+	if err := o.grpcTLS.CheckFlags("grpc.tls."); err != nil {
+		return o, usageError{msg: err.Error()}
 	}
 	if listen.IsUnix(o.grpcAddr) {
 		if _, err := listen.UnixPath(o.grpcAddr); err != nil {
@@ -240,7 +241,7 @@ func serve(ctx context.Context, o serveOptions, log *slog.Logger, hup <-chan os.
 	}
 	// The listener's certificate is read before anything connects, so
 	// that a missing file stops the start at once.
-	creds, err := o.grpcTLS.serverOption(log, m)
+	creds, err := grpcServerTLS(o.grpcTLS, log, m)
 	if err != nil {
 		return usageError{msg: err.Error()}
 	}

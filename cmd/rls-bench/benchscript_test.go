@@ -147,6 +147,38 @@ func TestMakeBenchTLS(t *testing.T) {
 	}
 }
 
+// TestMakeBenchGRPCTLS: with BENCH_GRPC=tls the generator calls envoy-rls,
+// the do-nothing server and the incumbent over TLS, trusting only the CA
+// the script made, whose certificate each of them presents (the script's
+// log names their settings); with BENCH_REDIS=tls Redis too is reached over
+// TLS with the same certificate. A server in plain text would fail every
+// run of a generator speaking TLS (and the other way round), so the rows,
+// without an error, show both ends speaking it.
+func TestMakeBenchGRPCTLS(t *testing.T) {
+	want := []row{{"do-nothing", 4}, {"do-nothing, 3 desc", 4}}
+	for _, l := range []string{"1 key", "hot key (over)"} {
+		want = append(want, row{l, 4}, row{incumbentPrefix + l, 4})
+	}
+	stdout, stderr, _ := runBench(t, want, "BENCH_GRPC=tls", "BENCH_REDIS=tls", "BENCH_INCUMBENT=1", "BENCH_CALLERS=4",
+		"BENCH_SCENARIOS=ceiling one-key hot-key")
+	if !strings.Contains(stdout, "Redis: tls, gRPC: tls") {
+		t.Errorf("the table's header does not say Redis: tls, gRPC: tls:\n%s", stdout)
+	}
+	const cert, key = `/\S+/tls/server\.pem`, `/\S+/tls/server\.key`
+	for _, w := range []string{
+		`rls-bench --tls\.ca /\S+/tls/ca\.pem`,
+		`envoy-rls pid \d+ on 127\.0\.0\.1:\d+ with --grpc\.tls\.cert ` + cert + ` --grpc\.tls\.key ` + key + ` \(`,
+		`do-nothing pid \d+ on 127\.0\.0\.1:\d+ with --tls\.cert ` + cert + ` --tls\.key ` + key + `$`,
+		`envoyproxy/ratelimit .* on 127\.0\.0\.1:(\d+) \(GRPC_HOST=127\.0\.0\.1 GRPC_PORT=\d+ GRPC_SERVER_USE_TLS=true GRPC_SERVER_TLS_CERT=` + cert + ` GRPC_SERVER_TLS_KEY=` + key + `,`,
+		`redis \(tls\) --redis\.url rediss://127\.0\.0\.1:\d+ --redis\.tls\.ca /\S+/tls/ca\.pem`,
+		`REDIS_TLS=true REDIS_TLS_CACERT=/\S+/tls/ca\.pem`,
+	} {
+		if !regexp.MustCompile(`(?m)` + w).MatchString(stderr) {
+			t.Errorf("the script's log does not match %q:\n%s", w, stderr)
+		}
+	}
+}
+
 // incumbentPrefix starts the label of an envoyproxy/ratelimit row.
 const incumbentPrefix = "ratelimit: "
 

@@ -37,6 +37,13 @@
 // (1.9k vs 5.3k requests/s at 16 callers). A separate process is the fairer
 // comparison, because the real target runs as a separate process too;
 // scripts/bench.sh uses serve-noop.
+//
+// TLS: --tls (the system's authorities) or any of --tls.ca, --tls.cert,
+// --tls.key, --tls.server-name, --tls.insecure-skip-verify makes every
+// connection to --addr, and to --ceiling-addr, speak TLS; `serve-noop
+// --tls.cert F --tls.key F` (and --tls.client-ca F for mutual TLS) is the
+// do-nothing server to compare a TLS target with. The in-process server of
+// --self-test speaks plain text only, so --self-test with TLS is refused.
 package main
 
 import (
@@ -50,11 +57,13 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/envoy-rls/envoy-rls/cmd/rls-bench/internal/bench"
 	"github.com/envoy-rls/envoy-rls/internal/gcpercent"
+	"github.com/envoy-rls/envoy-rls/internal/tlsfiles"
 )
 
 func main() {
@@ -139,6 +148,7 @@ func parseLoad(args []string, stderr io.Writer) (loadConfig, error) {
 		hits        uint
 		srvMetrics  string
 		srvHist     string
+		tlsFlags    tlsfiles.ClientFlags
 		o           = &cfg.opts
 	)
 	fs := flag.NewFlagSet("rls-bench", flag.ContinueOnError)
@@ -161,7 +171,7 @@ func parseLoad(args []string, stderr io.Writer) (loadConfig, error) {
 	fs.BoolVar(&cfg.json, "json", false, "print one JSON object per run instead of the table")
 	fs.BoolVar(&cfg.selfTest, "self-test", false, "first run the same load against a do-nothing server in this process and report the target as a fraction of it")
 	fs.BoolVar(&cfg.selfTest, "ceiling", false, "alias of --self-test")
-	fs.StringVar(&cfg.ceilingAddr, "ceiling-addr", "", "like --self-test, but against a do-nothing server at this address (rls-bench serve-noop)")
+	fs.StringVar(&cfg.ceilingAddr, "ceiling-addr", "", "like --self-test, but against a do-nothing server at this address (rls-bench serve-noop), dialled with the same --tls.* settings as --addr")
 	fs.BoolVar(&cfg.isCeiling, "is-ceiling", false, "mark this run as a ceiling run (the target is a do-nothing server), for the report subcommand")
 	fs.Var(&cpus, "cpu", "name=pid (or name=self): report that process's CPU µs per request over the measured phase, and its threads' run-queue wait (runnable, waiting for a CPU) per request where Linux keeps scheduler statistics; repeatable, and probes of the same name add up (e.g. a Redis Cluster's masters)")
 	fs.StringVar(&srvMetrics, "server-metrics", "", "URL of the target's Prometheus metrics (e.g. http://127.0.0.1:8080/metrics): report the target's own p50/p99 over the measured phase from --server-histogram")
@@ -169,8 +179,9 @@ func parseLoad(args []string, stderr io.Writer) (loadConfig, error) {
 	fs.Uint64Var(&o.Seed, "seed", 0, "seed of the random indexes (0: random)")
 	cfg.gc = gcpercent.New(fs, "gc-percent", gcUsage)
 	fs.BoolVar(&o.FullDecode, "full-decode", false, "decode every response whole, as a generated client does (default: read only its overall_code, so that the generator's CPU does not grow with what the server answers)")
+	tlsFlags.Register(fs, "server")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage:\n  rls-bench --addr host:port [flags]\n  rls-bench serve-noop [--addr :8089] [--gc-percent 400]\n  rls-bench report [results.jsonl ...]\n\nFlags:\n")
+		fmt.Fprintf(fs.Output(), "Usage:\n  rls-bench --addr host:port [--tls --tls.ca F ...] [flags]\n  rls-bench serve-noop [--addr :8089] [--gc-percent 400] [--tls.cert F --tls.key F [--tls.client-ca F [--tls.client-san N]]]\n  rls-bench report [results.jsonl ...]\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -200,6 +211,16 @@ func parseLoad(args []string, stderr io.Writer) (loadConfig, error) {
 	if o.Addr == "" && !cfg.selfTest {
 		return cfg, errors.New("no target: set --addr, or --self-test to measure the do-nothing server alone")
 	}
+	tlsCfg, err := tlsFlags.Config()
+	if err != nil {
+		return cfg, err
+	}
+	if tlsCfg != nil && cfg.selfTest && cfg.ceilingAddr == "" {
+		return cfg, errors.New("--self-test's do-nothing server runs in this process in plain text, but --tls/--tls.* ask for TLS: " +
+			"start `rls-bench serve-noop --tls.cert F --tls.key F` and pass its address with --ceiling-addr instead " +
+			"(it is dialled with the same --tls.* settings)")
+	}
+	o.TLS = tlsCfg
 	if len(descriptors) == 0 {
 		descriptors = multiFlag{"remote_address=10.0.{i}"}
 	}
@@ -289,10 +310,15 @@ func load(ctx context.Context, cfg loadConfig, stderr io.Writer) ([]*bench.Resul
 
 // serveNoop runs a do-nothing RLS server until ctx ends.
 func serveNoop(ctx context.Context, args []string, stderr io.Writer) int {
+	// The server's handshakes report reloaded TLS files from their own
+	// goroutines.
+	stderr = &lockedWriter{w: stderr}
 	fs := flag.NewFlagSet("rls-bench serve-noop", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", ":8089", "listen address: host:port, or unix:/path/to/socket")
 	gc := gcpercent.New(fs, "gc-percent", gcUsage)
+	var tlsFiles tlsfiles.ServerFiles
+	tlsFiles.Register(fs, "tls.")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -303,13 +329,18 @@ func serveNoop(ctx context.Context, args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "rls-bench serve-noop: %v\n", err)
 		return 2
 	}
+	noopOpts, mode, err := noopTLS(tlsFiles, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "rls-bench serve-noop: %v\n", err)
+		return 2
+	}
 	setGC(gc, stderr)
-	srv, err := bench.StartNoop(*addr)
+	srv, err := bench.StartNoop(*addr, noopOpts...)
 	if err != nil {
 		fmt.Fprintf(stderr, "rls-bench serve-noop: %v\n", err)
 		return 1
 	}
-	fmt.Fprintf(stderr, "rls-bench serve-noop: do-nothing RateLimitService listening on %s\n", srv.Addr())
+	fmt.Fprintf(stderr, "rls-bench serve-noop: do-nothing RateLimitService listening on %s (%s)\n", srv.Addr(), mode)
 	select {
 	case <-ctx.Done():
 	case <-srv.Done():
@@ -319,6 +350,48 @@ func serveNoop(ctx context.Context, args []string, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// noopTLS checks serve-noop's --tls.* flags and loads their files; it
+// returns the server's options and its mode ("plain text", "TLS", "mutual
+// TLS") for the log. An error names the flags. Every later load of the
+// files is reported on stderr.
+func noopTLS(f tlsfiles.ServerFiles, stderr io.Writer) ([]bench.NoopOption, string, error) {
+	if err := f.CheckFlags("tls."); err != nil {
+		return nil, "", err
+	}
+	if f.Cert == "" {
+		return nil, "plain text", nil
+	}
+	srv, err := tlsfiles.NewServer(f, func(l tlsfiles.Loaded) {
+		switch {
+		case l.Initial: // the "listening on" line says TLS
+		case l.Err != nil:
+			fmt.Fprintf(stderr, "rls-bench serve-noop: the changed TLS files did not load, %s is still served: %v\n", l.Subject, l.Err)
+		default:
+			fmt.Fprintf(stderr, "rls-bench serve-noop: TLS files reloaded: %s, valid until %s\n", l.Subject, l.NotAfter.UTC().Format(time.RFC3339))
+		}
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("--tls.*: %w", err)
+	}
+	mode := "TLS"
+	if f.ClientCA != "" {
+		mode = "mutual TLS"
+	}
+	return []bench.NoopOption{bench.NoopTLS(srv.Config())}, mode, nil
+}
+
+// lockedWriter serializes the writes of the goroutines that share w.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 // report reads JSON results (files, or stdin when none are named), matches

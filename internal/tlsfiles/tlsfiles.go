@@ -128,6 +128,44 @@ type ServerFiles struct {
 	ClientSANs []string
 }
 
+// Register registers on fs the flags that set f: prefix followed by cert,
+// key, client-ca and client-san.
+func (f *ServerFiles) Register(fs *flag.FlagSet, prefix string) {
+	fs.StringVar(&f.Cert, prefix+"cert", "", fmt.Sprintf("PEM certificate (with its chain) to serve TLS with (with --%skey); renewed files are read at the next handshake", prefix))
+	fs.StringVar(&f.Key, prefix+"key", "", fmt.Sprintf("PEM key of --%scert", prefix))
+	fs.StringVar(&f.ClientCA, prefix+"client-ca", "", fmt.Sprintf("PEM file of the authorities that sign client certificates: every client must present one (mutual TLS; needs --%scert)", prefix))
+	fs.Var((*names)(&f.ClientSANs), prefix+"client-san", fmt.Sprintf("names a client certificate must carry one of, comma-separated: host names or IP addresses it is valid for (a wildcard DNS name covers its subdomains), URIs (a SPIFFE ID) or e-mail addresses (needs --%sclient-ca)", prefix))
+}
+
+// CheckFlags refuses a partial setting of the flags Register registered
+// with prefix, naming them.
+func (f ServerFiles) CheckFlags(prefix string) error {
+	switch {
+	case (f.Cert == "") != (f.Key == ""):
+		return fmt.Errorf("--%[1]scert and --%[1]skey go together: set both to serve TLS, or neither", prefix)
+	case f.ClientCA != "" && f.Cert == "":
+		return fmt.Errorf("--%[1]sclient-ca is set, but TLS is off: set --%[1]scert and --%[1]skey", prefix)
+	case len(f.ClientSANs) > 0 && f.ClientCA == "":
+		return fmt.Errorf("--%[1]sclient-san is set, but no --%[1]sclient-ca: client names are checked only in certificates an authority verified", prefix)
+	}
+	return nil
+}
+
+// names is a comma-separated list flag.
+type names []string
+
+func (n *names) String() string { return strings.Join(*n, ",") }
+
+func (n *names) Set(s string) error {
+	*n = (*n)[:0]
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			*n = append(*n, p)
+		}
+	}
+	return nil
+}
+
 // Loaded describes one load of a server's files, for logs and metrics.
 type Loaded struct {
 	// Initial is true for the load at construction.

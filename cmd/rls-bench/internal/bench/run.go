@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math"
@@ -15,8 +16,11 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 )
 
@@ -25,6 +29,10 @@ import (
 type Options struct {
 	// Addr is the target server, host:port or unix:/path. Required.
 	Addr string
+	// TLS, when set, is the client's TLS configuration: every connection
+	// speaks TLS with it (gRPC's credentials.NewTLS, which verifies the
+	// name of Addr's host unless TLS.ServerName is set). nil: plain text.
+	TLS *tls.Config
 	// Label names the run in reports. Default: the target address.
 	Label string
 	// Connections is the number of gRPC client connections (each one TCP
@@ -238,7 +246,11 @@ func dial(ctx context.Context, o Options) (*conns, func(), error) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, o.ConnectTimeout)
 	defer cancel()
-	dialOpts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	creds := insecure.NewCredentials()
+	if o.TLS != nil {
+		creds = credentials.NewTLS(o.TLS)
+	}
+	dialOpts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
 	if o.ConnWindow > 0 {
 		dialOpts = append(dialOpts, grpc.WithStaticConnWindowSize(int32(o.ConnWindow)))
 	}
@@ -254,12 +266,32 @@ func dial(ctx context.Context, o Options) (*conns, func(), error) {
 	for _, cc := range cs.cc {
 		for st := cc.GetState(); st != connectivity.Ready; st = cc.GetState() {
 			if !cc.WaitForStateChange(cctx, st) {
+				why := connectError(ctx, cc, st, o.Timeout)
 				closeAll()
-				return nil, nil, fmt.Errorf("connect to %s: not ready within %v (last state %v)", o.Addr, o.ConnectTimeout, st)
+				return nil, nil, fmt.Errorf("connect to %s: not ready within %v (last state %v%s)", o.Addr, o.ConnectTimeout, st, why)
 			}
 		}
 	}
 	return cs, closeAll, nil
+}
+
+// connectError returns ": " and why cc, found in state st, could not
+// connect (a refused connection, a certificate that does not verify...), or
+// "" when that is not known. gRPC does not expose the reason, but in
+// TRANSIENT_FAILURE a call that does not wait for the connection fails at
+// once with it: one health check tells it (it is sent only if the
+// connection has just become ready); timeout bounds it.
+func connectError(ctx context.Context, cc *grpc.ClientConn, st connectivity.State, timeout time.Duration) string {
+	if st != connectivity.TransientFailure {
+		return ""
+	}
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	_, err := healthpb.NewHealthClient(cc).Check(cctx, &healthpb.HealthCheckRequest{})
+	if s, ok := status.FromError(err); ok && s.Code() == codes.Unavailable {
+		return ": " + s.Message()
+	}
+	return ""
 }
 
 // measurement is what one phase observed, merged over all callers.
