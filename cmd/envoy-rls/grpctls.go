@@ -2,7 +2,6 @@ package main
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -18,7 +17,8 @@ import (
 
 // grpcServerTLS returns the gRPC server option that serves TLS with the
 // --grpc.tls.* files (reading renewed files at the next handshake), logging
-// and counting every load and failed handshake; nil when TLS is off.
+// and counting every load and failed handshake; nil when TLS is off. A
+// file that does not load is a usageError.
 func grpcServerTLS(files tlsfiles.ServerFiles, log *slog.Logger, m *metrics.Metrics) (grpc.ServerOption, error) {
 	if files.Cert == "" {
 		return nil, nil
@@ -28,51 +28,54 @@ func grpcServerTLS(files tlsfiles.ServerFiles, log *slog.Logger, m *metrics.Metr
 		return nil, err
 	}
 	srv, err := tlsfiles.NewServer(files, func(l tlsfiles.Loaded) {
-		tm.Loaded(l.Initial, l.Err == nil, l.NotAfter)
 		attrs := []any{"subject", l.Subject, "not_after", l.NotAfter.UTC().Format(time.RFC3339)}
 		switch {
 		case l.Initial:
 			log.Info("gRPC TLS", append(attrs, "cert", files.Cert, "mutual", files.ClientCA != "", "client_sans", strings.Join(files.ClientSANs, ","))...)
+		case l.Restored:
+			log.Info("gRPC TLS: the files hold the served certificate again", attrs...)
 		case l.Err != nil:
 			log.Error("gRPC TLS: the changed files did not load; the previous certificate is still served", append(attrs, "err", l.Err)...)
 		default:
 			log.Info("gRPC TLS: files reloaded", attrs...)
 		}
+		switch {
+		case l.Restored:
+			tm.Restored()
+		default:
+			tm.Loaded(l.Initial, l.Err == nil, l.NotAfter)
+		}
 	})
 	if err != nil {
-		return nil, fmt.Errorf("--grpc.tls.*: %w", err)
+		return nil, usageError{msg: "--grpc.tls.*: " + err.Error()}
 	}
-	creds := handshakeObserver{
-		TransportCredentials: credentials.NewTLS(srv.Config()),
-		failed: func(client net.Addr, err error) {
-			if errors.Is(err, io.EOF) {
-				// Closed before a hello: a TCP probe, not a TLS failure.
-				log.Debug("gRPC TLS: connection closed before its handshake", "client", client.String())
-				return
-			}
-			tm.HandshakeFailed()
-			log.Warn("gRPC TLS: handshake failed", "client", client.String(), "err", err)
-		},
-	}
-	return grpc.Creds(creds), nil
+	return grpc.Creds(handshakeObserver{TransportCredentials: credentials.NewTLS(srv.Config()), log: log, tm: tm}), nil
 }
 
-// handshakeObserver is gRPC's TLS credentials, telling failed of every
-// server handshake that fails (grpc-go closes those connections with a
-// log line of its own only).
+// handshakeObserver is gRPC's TLS credentials, logging and counting every
+// server handshake that fails (grpc-go closes those connections with a log
+// line of its own only).
 type handshakeObserver struct {
 	credentials.TransportCredentials
-	failed func(client net.Addr, err error)
+	log *slog.Logger
+	tm  *metrics.ListenerTLS
 }
 
 func (h handshakeObserver) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	out, info, err := h.TransportCredentials.ServerHandshake(conn)
-	if err != nil {
-		h.failed(conn.RemoteAddr(), err)
+	switch {
+	case err == nil:
+	case errors.Is(err, io.EOF):
+		// Closed without a word, before its hello or without an alert: a
+		// TCP probe, most likely (grpc-go does not log these either).
+		h.log.Debug("gRPC TLS: connection closed during its handshake", "client", conn.RemoteAddr().String())
+	default:
+		h.log.Warn("gRPC TLS: handshake failed", "client", conn.RemoteAddr().String(), "err", err)
+		h.tm.HandshakeFailed()
 	}
 	return out, info, err
 }
 
 func (h handshakeObserver) Clone() credentials.TransportCredentials {
-	return handshakeObserver{TransportCredentials: h.TransportCredentials.Clone(), failed: h.failed}
+	return handshakeObserver{TransportCredentials: h.TransportCredentials.Clone(), log: h.log, tm: h.tm}
 }

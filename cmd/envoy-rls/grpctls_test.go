@@ -15,11 +15,14 @@ import (
 	"testing"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
 	"github.com/envoy-rls/envoy-rls/internal/testenv"
 	"github.com/envoy-rls/envoy-rls/internal/tlsfiles"
+	"github.com/envoy-rls/envoy-rls/pkg/metrics"
 )
 
 // tlsClient is a RateLimitService client over TLS with the files of f,
@@ -268,5 +271,78 @@ func TestServeRefusesMissingTLSFiles(t *testing.T) {
 		if !errors.As(err, &u) || !strings.Contains(err.Error(), "--grpc.tls.*: ") || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want a usage error naming --grpc.tls.* and %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+// TestHandshakeObserver: a handshake that fails is logged with its cause
+// and counted once; a connection closed without a word (a TCP probe) is
+// neither counted nor logged above debug.
+func TestHandshakeObserver(t *testing.T) {
+	a := testenv.NewTLSFiles(t)
+	srv, err := tlsfiles.NewServer(tlsfiles.ServerFiles{Cert: a.Cert, Key: a.Key}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	m, err := metrics.New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tm, err := m.ListenerTLS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log testenv.Buffer
+	h := handshakeObserver{TransportCredentials: credentials.NewTLS(srv.Config()), log: slog.New(slog.NewTextHandler(&log, nil)), tm: tm}
+	failures := func() float64 {
+		t.Helper()
+		fams, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		byName := map[string]*dto.MetricFamily{}
+		for _, f := range fams {
+			byName[f.GetName()] = f
+		}
+		v, _ := value(byName, "envoy_rls_grpc_tls_handshake_failures_total")
+		return v
+	}
+	// handshake runs the server's handshake on one end of a pipe while
+	// client acts on the other, and returns the server's error.
+	handshake := func(client func(net.Conn)) error {
+		t.Helper()
+		s, c := net.Pipe()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			client(c)
+			io.Copy(io.Discard, c) //nolint:errcheck // until the server closes
+			c.Close()
+		}()
+		_, _, err := h.ServerHandshake(s)
+		s.Close()
+		<-done
+		return err
+	}
+
+	if err := handshake(func(c net.Conn) { c.Close() }); !errors.Is(err, io.EOF) {
+		t.Fatalf("a probe: %v, want EOF", err)
+	}
+	if got := failures(); got != 0 {
+		t.Errorf("a probe counted %v failures", got)
+	}
+	if log.String() != "" {
+		t.Errorf("a probe was logged at info or above: %s", log.String())
+	}
+
+	err = handshake(func(c net.Conn) { io.WriteString(c, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n") }) //nolint:errcheck // the server may stop reading
+	if err == nil {
+		t.Fatal("plain text: the handshake succeeded")
+	}
+	if got := failures(); got != 1 {
+		t.Errorf("plain text counted %v failures, want 1", got)
+	}
+	if want := `msg="gRPC TLS: handshake failed" client=pipe`; !strings.Contains(log.String(), want) || !strings.Contains(log.String(), err.Error()) {
+		t.Errorf("log %q, want %q with the cause %q", log.String(), want, err)
 	}
 }

@@ -243,7 +243,7 @@ func serve(ctx context.Context, o serveOptions, log *slog.Logger, hup <-chan os.
 	// that a missing file stops the start at once.
 	creds, err := grpcServerTLS(o.grpcTLS, log, m)
 	if err != nil {
-		return usageError{msg: err.Error()}
+		return err
 	}
 
 	watcher, err := descriptors.NewWatcher(descriptors.WatcherOptions{

@@ -23,6 +23,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -122,9 +123,10 @@ type ServerFiles struct {
 	ClientCA string
 	// ClientSANs, when set (with ClientCA), are the names a client
 	// certificate may carry: it must name at least one of them, as a host
-	// name or IP address it is valid for (a wildcard DNS name covers its
-	// subdomains), or as one of its URIs (a SPIFFE ID) or e-mail
-	// addresses.
+	// name or IP address it is valid for (checked as a server's would be:
+	// a wildcard name in the certificate, *.edge.internal, covers one
+	// label, gw-1.edge.internal), or as one of its URIs (a SPIFFE ID) or
+	// e-mail addresses.
 	ClientSANs []string
 }
 
@@ -134,7 +136,7 @@ func (f *ServerFiles) Register(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&f.Cert, prefix+"cert", "", fmt.Sprintf("PEM certificate (with its chain) to serve TLS with (with --%skey); renewed files are read at the next handshake", prefix))
 	fs.StringVar(&f.Key, prefix+"key", "", fmt.Sprintf("PEM key of --%scert", prefix))
 	fs.StringVar(&f.ClientCA, prefix+"client-ca", "", fmt.Sprintf("PEM file of the authorities that sign client certificates: every client must present one (mutual TLS; needs --%scert)", prefix))
-	fs.Var((*names)(&f.ClientSANs), prefix+"client-san", fmt.Sprintf("names a client certificate must carry one of, comma-separated: host names or IP addresses it is valid for (a wildcard DNS name covers its subdomains), URIs (a SPIFFE ID) or e-mail addresses (needs --%sclient-ca)", prefix))
+	fs.Var((*names)(&f.ClientSANs), prefix+"client-san", fmt.Sprintf("names a client certificate must carry one of, comma-separated or repeated: host names or IP addresses it is valid for (a wildcard name in the certificate, *.edge.internal, covers gw-1.edge.internal), URIs (a SPIFFE ID) or e-mail addresses (needs --%sclient-ca)", prefix))
 }
 
 // CheckFlags refuses a partial setting of the flags Register registered
@@ -151,13 +153,12 @@ func (f ServerFiles) CheckFlags(prefix string) error {
 	return nil
 }
 
-// names is a comma-separated list flag.
+// names is a list flag: comma-separated, and repeated flags add up.
 type names []string
 
 func (n *names) String() string { return strings.Join(*n, ",") }
 
 func (n *names) Set(s string) error {
-	*n = (*n)[:0]
 	for _, p := range strings.Split(s, ",") {
 		if p = strings.TrimSpace(p); p != "" {
 			*n = append(*n, p)
@@ -170,6 +171,10 @@ func (n *names) Set(s string) error {
 type Loaded struct {
 	// Initial is true for the load at construction.
 	Initial bool
+	// Restored is true when, after a set that failed to load, the files
+	// hold the served set again (a bad edit reverted): nothing was loaded,
+	// and the failure is over.
+	Restored bool
 	// Err is why the files did not load (the previous ones stay in use).
 	Err error
 	// Subject and NotAfter describe the certificate now served (after a
@@ -181,19 +186,22 @@ type Loaded struct {
 // Server is a server's TLS configuration whose files are read again when
 // they change. Create it with NewServer; it is safe for concurrent use.
 type Server struct {
-	files    ServerFiles
-	onLoad   func(Loaded)
+	files  ServerFiles
+	onLoad func(Loaded)
+	reads  atomic.Uint64 // numbers each read of the files
+
 	mu       sync.Mutex
 	cfg      *tls.Config // served; never nil
 	leaf     *x509.Certificate
 	stamp    string // the files' stamp when cfg was read
 	badStamp string // the stamp of the last set that failed to load
+	applied  uint64 // the number of the last read applied
 }
 
 // NewServer reads f's files (an error names the file and the reason) and
 // returns the server's configuration. onLoad, when not nil, is called with
-// every load, the first included, while no handshake can proceed: keep it
-// short.
+// every load, the first included, while no handshake can change the
+// configuration: keep it short.
 func NewServer(f ServerFiles, onLoad func(Loaded)) (*Server, error) {
 	switch {
 	case f.Cert == "" || f.Key == "":
@@ -207,8 +215,8 @@ func NewServer(f ServerFiles, onLoad func(Loaded)) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.cfg, s.leaf, s.stamp = cfg, leaf, c.stamp
-	s.report(true, nil)
+	s.cfg, s.leaf, s.stamp, s.applied = cfg, leaf, c.stamp, c.n
+	s.report(Loaded{Initial: true})
 	return s, nil
 }
 
@@ -222,30 +230,61 @@ func (s *Server) Config() *tls.Config {
 	}
 }
 
+// configForClient reads the files and, when they changed, parses them,
+// all outside the lock, so that a slow read holds up its own handshake
+// only; the lock guards the comparison and the swap.
 func (s *Server) configForClient(*tls.ClientHelloInfo) (*tls.Config, error) {
+	c := s.read()
+	s.mu.Lock()
+	if c.stamp == s.stamp || c.stamp == s.badStamp {
+		if c.stamp == s.stamp && s.badStamp != "" && c.n > s.applied {
+			s.badStamp, s.applied = "", c.n
+			s.report(Loaded{Restored: true})
+		}
+		cfg := s.cfg
+		s.mu.Unlock()
+		return cfg, nil
+	}
+	s.mu.Unlock()
+
+	cfg, leaf, err := s.parse(c)
+	if err != nil {
+		// A renewal read between its certificate and its key (two
+		// files, two reads) is whole a moment later: read once more
+		// before calling it a failure.
+		if again := s.read(); again.stamp != c.stamp {
+			c = again
+			cfg, leaf, err = s.parse(c)
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c := s.read()
-	if c.stamp != s.stamp && c.stamp != s.badStamp {
-		cfg, leaf, err := s.parse(c)
-		if err != nil {
-			s.badStamp = c.stamp
-		} else {
-			s.cfg, s.leaf, s.stamp, s.badStamp = cfg, leaf, c.stamp, ""
-		}
-		s.report(false, err)
+	if c.n <= s.applied {
+		// A later read was applied while this one was parsed.
+		return s.cfg, nil
 	}
+	s.applied = c.n
+	if err != nil {
+		s.badStamp = c.stamp
+	} else {
+		s.cfg, s.leaf, s.stamp, s.badStamp = cfg, leaf, c.stamp, ""
+	}
+	s.report(Loaded{Err: err})
 	return s.cfg, nil
 }
 
-func (s *Server) report(initial bool, err error) {
+// report tells onLoad of l, with the served certificate; s.mu is held (or
+// s is not yet shared).
+func (s *Server) report(l Loaded) {
 	if s.onLoad != nil {
-		s.onLoad(Loaded{Initial: initial, Err: err, Subject: s.leaf.Subject.String(), NotAfter: s.leaf.NotAfter})
+		l.Subject, l.NotAfter = s.leaf.Subject.String(), s.leaf.NotAfter
+		s.onLoad(l)
 	}
 }
 
 // contents are the files of a server as read at one instant.
 type contents struct {
+	n             uint64 // the read's number: later reads have larger ones
 	cert, key, ca []byte
 	err           error // the first file that could not be read
 	// stamp identifies the contents: a hash of each file, or why it could
@@ -257,7 +296,7 @@ type contents struct {
 }
 
 func (s *Server) read() contents {
-	var c contents
+	c := contents{n: s.reads.Add(1)}
 	var b strings.Builder
 	for _, f := range []struct {
 		name string
@@ -266,7 +305,7 @@ func (s *Server) read() contents {
 		if f.name == "" {
 			continue
 		}
-		data, err := os.ReadFile(f.name)
+		data, err := readRegular(f.name)
 		if err != nil {
 			fmt.Fprintf(&b, "%s: %v;", f.name, err)
 			if c.err == nil {
@@ -279,6 +318,20 @@ func (s *Server) read() contents {
 	}
 	c.stamp = b.String()
 	return c
+}
+
+// readRegular reads a regular file (through symbolic links). Anything else
+// is refused: a named pipe would block the handshake, and a /dev/fd path
+// reads differently every time.
+func readRegular(name string) ([]byte, error) {
+	fi, err := os.Stat(name)
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file (%v)", name, fi.Mode().Type())
+	}
+	return os.ReadFile(name)
 }
 
 // parse makes a complete configuration of c.

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/envoy-rls/envoy-rls/internal/testenv"
@@ -183,11 +184,23 @@ func TestServerReloadsChangedFiles(t *testing.T) {
 		t.Errorf("the failure reports expiry %v, want the still-served certificate's %v", got[2].NotAfter, certOf(t, b.Cert).NotAfter)
 	}
 
-	// Completed: the key follows.
+	// Reverted: the files hold the served set again; the failure is over,
+	// and nothing was loaded.
+	copyFile(t, b.Cert, cert)
+	serves("reverted", trustB, b.Cert)
+	if n := len(got); n != 4 || !got[3].Restored || got[3].Err != nil {
+		t.Fatalf("loads after the revert = %+v, want a fourth, restoring the served set", got)
+	}
+	serves("reverted, again", trustB, b.Cert)
+	if len(got) != 4 {
+		t.Fatalf("the unchanged, served set was reported again: %+v", got[4:])
+	}
+	// Completed: A's certificate, then its key; no handshake in between.
+	copyFile(t, a.Cert, cert)
 	copyFile(t, a.Key, key)
 	serves("completed", trustA, a.Cert)
-	if n := len(got); n != 4 || got[3].Err != nil {
-		t.Fatalf("loads after the key followed = %+v, want a fourth, successful one", got)
+	if n := len(got); n != 5 || got[4].Err != nil || got[4].Restored {
+		t.Fatalf("loads after the key followed = %+v, want a fifth, successful one", got)
 	}
 
 	// Removed: the certificate file is gone; the loaded one is still served.
@@ -195,8 +208,17 @@ func TestServerReloadsChangedFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	serves("removed", trustA, a.Cert)
-	if n := len(got); n != 5 || got[4].Err == nil || !strings.Contains(got[4].Err.Error(), cert) {
+	if n := len(got); n != 6 || got[5].Err == nil || !strings.Contains(got[5].Err.Error(), cert) {
 		t.Fatalf("loads after the file was removed = %+v, want a failure naming %s", got, cert)
+	}
+
+	// A named pipe in its place: refused without blocking the handshake.
+	if err := syscall.Mkfifo(cert, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	serves("a named pipe", trustA, a.Cert)
+	if n := len(got); n != 7 || got[6].Err == nil || !strings.Contains(got[6].Err.Error(), cert+" is not a regular file") {
+		t.Fatalf("loads after a named pipe took the file's place = %+v, want a failure saying it is not a regular file", got)
 	}
 }
 
@@ -225,6 +247,14 @@ func TestServerMutualTLS(t *testing.T) {
 	accepts("A's client", a.ClientCert, a.ClientKey, true)
 	accepts("no certificate", "", "", false)
 	accepts("B's client", b.ClientCert, b.ClientKey, false)
+	// TLS 1.2 refuses during the handshake, TLS 1.3 after the client's.
+	for _, c := range []struct{ cert, key string }{{"", ""}, {b.ClientCert, b.ClientKey}} {
+		cfg := clientConfig(t, a.CA, c.cert, c.key)
+		cfg.MaxVersion = tls.VersionTLS12
+		if o := handshake(t, srv, cfg); o.client == nil || o.server == nil {
+			t.Errorf("TLS 1.2 with client certificate %q: accepted (client %v, server %v)", c.cert, o.client, o.server)
+		}
+	}
 
 	copyFile(t, b.CA, clientCA)
 	accepts("B's client once B is the client authority", b.ClientCert, b.ClientKey, true)
@@ -285,6 +315,42 @@ func TestNewServerRefusesBadFiles(t *testing.T) {
 		_, err := tlsfiles.NewServer(tc.files, nil)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: NewServer error %v, want one mentioning %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+// TestServerFlags: the server flags fill ServerFiles (client names
+// comma-separated or repeated), and CheckFlags names a partial setting.
+func TestServerFlags(t *testing.T) {
+	parse := func(args ...string) tlsfiles.ServerFiles {
+		t.Helper()
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		var f tlsfiles.ServerFiles
+		f.Register(fs, "grpc.tls.")
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	f := parse("--grpc.tls.cert", "c", "--grpc.tls.key", "k", "--grpc.tls.client-ca", "ca",
+		"--grpc.tls.client-san", "a, b", "--grpc.tls.client-san", "spiffe://td/c")
+	if f.Cert != "c" || f.Key != "k" || f.ClientCA != "ca" || strings.Join(f.ClientSANs, " ") != "a b spiffe://td/c" {
+		t.Errorf("parsed %+v", f)
+	}
+	if err := f.CheckFlags("grpc.tls."); err != nil {
+		t.Errorf("a whole setting: %v", err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--grpc.tls.cert", "c"}, "--grpc.tls.cert and --grpc.tls.key go together"},
+		{[]string{"--grpc.tls.client-ca", "ca"}, "--grpc.tls.client-ca is set, but TLS is off"},
+		{[]string{"--grpc.tls.cert", "c", "--grpc.tls.key", "k", "--grpc.tls.client-san", "a"}, "--grpc.tls.client-san is set, but no --grpc.tls.client-ca"},
+	} {
+		if err := parse(tc.args...).CheckFlags("grpc.tls."); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want an error saying %q", tc.args, err, tc.want)
 		}
 	}
 }

@@ -325,7 +325,7 @@ func (m *Metrics) ListenerTLS() (*ListenerTLS, error) {
 		}, []string{"result"}),
 		lastReloadOK: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "envoy_rls_grpc_tls_last_reload_successful",
-			Help: "1 if the last load of the gRPC listener's TLS files succeeded, 0 if it failed (the previous certificate is still served).",
+			Help: "0 while the gRPC listener's TLS files hold a set that failed to load (the previous certificate is still served); 1 once a good set loads or the files are reverted to the served one.",
 		}),
 		notAfter: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "envoy_rls_grpc_tls_certificate_expiry_timestamp_seconds",
@@ -333,7 +333,7 @@ func (m *Metrics) ListenerTLS() (*ListenerTLS, error) {
 		}),
 		handshakeFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "envoy_rls_grpc_tls_handshake_failures_total",
-			Help: "Connections to the gRPC listener closed because their TLS handshake failed: a client that does not trust the certificate, presents none or one that is refused, or does not speak TLS. Each is logged with the client's address.",
+			Help: "Connections to the gRPC listener closed because their TLS handshake failed: a client that does not trust the certificate, presents none or one that is refused, or does not speak TLS. Each is logged with the client's address. A connection closed without a word (EOF: a TCP probe) is not counted.",
 		}),
 	}
 	if err := m.register(t.reloads, t.lastReloadOK, t.notAfter, t.handshakeFailures); err != nil {
@@ -358,6 +358,10 @@ func (t *ListenerTLS) Loaded(initial, ok bool, notAfter time.Time) {
 		t.reloads.WithLabelValues(result).Inc()
 	}
 }
+
+// Restored records that the TLS files hold the served set again after a
+// set that failed to load: the failure is over, and nothing was reloaded.
+func (t *ListenerTLS) Restored() { t.lastReloadOK.Set(1) }
 
 // HandshakeFailed counts one failed TLS handshake.
 func (t *ListenerTLS) HandshakeFailed() { t.handshakeFailures.Inc() }
