@@ -39,10 +39,9 @@ func grpcServerTLS(files tlsfiles.ServerFiles, log *slog.Logger, m *metrics.Metr
 		default:
 			log.Info("gRPC TLS: files reloaded", attrs...)
 		}
-		switch {
-		case l.Restored:
+		if l.Restored {
 			tm.Restored()
-		default:
+		} else {
 			tm.Loaded(l.Initial, l.Err == nil, l.NotAfter)
 		}
 	})

@@ -3,8 +3,6 @@ package main
 import (
 	"bufio"
 	"crypto/tls"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"io"
 	"log/slog"
@@ -68,32 +66,10 @@ func tlsHello(cfg *tls.Config) func(net.Conn) (net.Conn, error) {
 	}
 }
 
+// notAfter is the expiry of the certificate in certFile, in Unix seconds.
 func notAfter(t *testing.T, certFile string) float64 {
 	t.Helper()
-	b, err := os.ReadFile(certFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	block, _ := pem.Decode(b)
-	if block == nil {
-		t.Fatalf("%s: no PEM", certFile)
-	}
-	c, err := x509.ParseCertificate(block.Bytes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return float64(c.NotAfter.Unix())
-}
-
-func copyInto(t *testing.T, src, dst string) {
-	t.Helper()
-	b, err := os.ReadFile(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(dst, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	return float64(testenv.Certificate(t, certFile).NotAfter.Unix())
 }
 
 // TestServeGRPCTLS: with --grpc.tls.*, the gRPC listener serves mutual TLS
@@ -105,8 +81,8 @@ func TestServeGRPCTLS(t *testing.T) {
 	a, b := testenv.NewTLSFiles(t), testenv.NewTLSFiles(t)
 	files := t.TempDir()
 	cert, key := filepath.Join(files, "tls.crt"), filepath.Join(files, "tls.key")
-	copyInto(t, a.Cert, cert)
-	copyInto(t, a.Key, key)
+	testenv.CopyFile(t, a.Cert, cert)
+	testenv.CopyFile(t, a.Key, key)
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "g.yaml"), "domain: g\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 5}\n")
 	var log testenv.Buffer
@@ -176,8 +152,8 @@ func TestServeGRPCTLS(t *testing.T) {
 
 	// Renewed in place by another authority's certificate: a new
 	// connection trusting it is served; the open one goes on.
-	copyInto(t, b.Cert, cert)
-	copyInto(t, b.Key, key)
+	testenv.CopyFile(t, b.Cert, cert)
+	testenv.CopyFile(t, b.Key, key)
 	renewed := tlsClient(t, r.addrs.GRPC, tlsfiles.ClientFiles{CA: b.CA, Cert: a.ClientCert, Key: a.ClientKey})
 	r.client = renewed
 	if ok := r.admitted(t, 6, "g", "k", "v2"); ok != 5 {

@@ -67,9 +67,7 @@ func TestMakeBench(t *testing.T) {
 func TestMakeBenchCluster(t *testing.T) {
 	want := []row{{"1 key", 4}, {"3 desc, 100k", 4}, {"hot key (over)", 4}}
 	stdout, _, _ := runBench(t, want, "BENCH_REDIS=cluster", "BENCH_SCENARIOS=one-key three-desc hot-key", "BENCH_CALLERS=4")
-	if !strings.Contains(stdout, "Redis: cluster") {
-		t.Errorf("the table's header does not say Redis: cluster:\n%s", stdout)
-	}
+	checkTransports(t, stdout, "", "cluster", "tcp")
 }
 
 // TestMakeBenchIncumbent: with BENCH_INCUMBENT=1 the script also builds
@@ -80,11 +78,7 @@ func TestMakeBenchCluster(t *testing.T) {
 // rows are checked as envoy-rls's are (all OK, the hot key over its limit,
 // its CPU and Redis's), except for the server latency it does not export.
 func TestMakeBenchIncumbent(t *testing.T) {
-	var want []row
-	for _, l := range []string{"1 key", "3 desc, 100k", "hot key (over)"} {
-		want = append(want, row{l, 4}, row{incumbentPrefix + l, 4})
-	}
-	want = append(want, row{"3 desc fixed, 100k", 4}, row{"4 limits, 100k", 4})
+	want := append(besideIncumbent("1 key", "3 desc, 100k", "hot key (over)"), row{"3 desc fixed, 100k", 4}, row{"4 limits, 100k", 4})
 	stdout, _, _ := runBench(t, want, "BENCH_INCUMBENT=1", "BENCH_CALLERS=4",
 		"BENCH_SCENARIOS=one-key three-desc three-desc-fixed four-limits hot-key")
 	if !strings.Contains(stdout, "envoyproxy/ratelimit v") {
@@ -98,21 +92,40 @@ func TestMakeBenchIncumbent(t *testing.T) {
 // Unix sockets (the script's log names every setting); everything decides
 // as on TCP.
 func TestMakeBenchUnix(t *testing.T) {
-	want := []row{{"do-nothing", 4}, {"do-nothing, 3 desc", 4}}
-	for _, l := range []string{"1 key", "hot key (over)"} {
+	stdout, stderr, _ := runBench(t, ceilingBesideIncumbent("1 key", "hot key (over)"), "BENCH_REDIS=unix", "BENCH_GRPC=unix",
+		"BENCH_INCUMBENT=1", "BENCH_CALLERS=4", "BENCH_SCENARIOS=ceiling one-key hot-key")
+	checkTransports(t, stdout, stderr, "unix", "unix",
+		`redis \(unix\) --redis.url unix:///`, `REDIS_SOCKET_TYPE=unix REDIS_TYPE=SINGLE REDIS_URL=/`,
+		`envoy-rls pid \d+ on unix:/`, `do-nothing pid \d+ on unix:/`, `envoyproxy/ratelimit .* on unix:/\S+ \(GRPC_UDS=/`)
+}
+
+// ceilingBesideIncumbent are the rows of the do-nothing server (one and
+// three descriptors), then besideIncumbent's, all at 4 callers.
+func ceilingBesideIncumbent(labels ...string) []row {
+	return append([]row{{"do-nothing", 4}, {"do-nothing, 3 desc", 4}}, besideIncumbent(labels...)...)
+}
+
+// besideIncumbent are the rows of each label for envoy-rls and then the
+// incumbent, at 4 callers.
+func besideIncumbent(labels ...string) []row {
+	var want []row
+	for _, l := range labels {
 		want = append(want, row{l, 4}, row{incumbentPrefix + l, 4})
 	}
-	stdout, stderr, _ := runBench(t, want, "BENCH_REDIS=unix", "BENCH_GRPC=unix", "BENCH_INCUMBENT=1", "BENCH_CALLERS=4",
-		"BENCH_SCENARIOS=ceiling one-key hot-key")
-	if !strings.Contains(stdout, "Redis: unix, gRPC: unix") {
-		t.Errorf("the table's header does not say Redis: unix, gRPC: unix:\n%s", stdout)
+	return want
+}
+
+// checkTransports checks that the table's header names the Redis and gRPC
+// transports and that the script's log (stderr) matches every pattern, a
+// regular expression whose ^ and $ match at its lines.
+func checkTransports(t *testing.T, stdout, stderr, redis, grpc string, patterns ...string) {
+	t.Helper()
+	if header := "Redis: " + redis + ", gRPC: " + grpc; !strings.Contains(stdout, header) {
+		t.Errorf("the table's header does not say %s:\n%s", header, stdout)
 	}
-	for _, w := range []string{
-		`redis \(unix\) --redis.url unix:///`, `REDIS_SOCKET_TYPE=unix REDIS_TYPE=SINGLE REDIS_URL=/`,
-		`envoy-rls pid \d+ on unix:/`, `do-nothing pid \d+ on unix:/`, `envoyproxy/ratelimit .* on unix:/\S+ \(GRPC_UDS=/`,
-	} {
-		if !regexp.MustCompile(w).MatchString(stderr) {
-			t.Errorf("the script's log does not match %q:\n%s", w, stderr)
+	for _, p := range patterns {
+		if !regexp.MustCompile(`(?m)` + p).MatchString(stderr) {
+			t.Errorf("the script's log does not match %q:\n%s", p, stderr)
 		}
 	}
 }
@@ -124,27 +137,15 @@ func TestMakeBenchUnix(t *testing.T) {
 // stops at start when its PING fails, so neither runs unless it speaks TLS
 // there.
 func TestMakeBenchTLS(t *testing.T) {
-	var want []row
-	for _, l := range []string{"1 key", "3 desc, 100k"} {
-		want = append(want, row{l, 4}, row{incumbentPrefix + l, 4})
-	}
-	stdout, stderr, _ := runBench(t, want, "BENCH_REDIS=tls", "BENCH_INCUMBENT=1", "BENCH_CALLERS=4",
+	stdout, stderr, _ := runBench(t, besideIncumbent("1 key", "3 desc, 100k"), "BENCH_REDIS=tls", "BENCH_INCUMBENT=1", "BENCH_CALLERS=4",
 		"BENCH_SCENARIOS=one-key three-desc")
-	if !strings.Contains(stdout, "Redis: tls, gRPC: tcp") {
-		t.Errorf("the table's header does not say Redis: tls, gRPC: tcp:\n%s", stdout)
-	}
 	ports := regexp.MustCompile(`redis: plain TCP on (\d+) \(the readiness probe's\), TLS on (\d+)`).FindStringSubmatch(stderr)
 	if ports == nil || ports[1] == ports[2] {
 		t.Fatalf("the script's log does not name Redis's plain and TLS ports:\n%s", stderr)
 	}
-	for _, w := range []string{
-		`redis \(tls\) --redis.url rediss://127\.0\.0\.1:` + ports[2] + ` --redis.tls.ca /\S+/tls/ca\.pem`,
-		`REDIS_SOCKET_TYPE=tcp REDIS_TYPE=SINGLE REDIS_URL=127\.0\.0\.1:` + ports[2] + ` REDIS_TLS=true REDIS_TLS_CACERT=/\S+/tls/ca\.pem`,
-	} {
-		if !regexp.MustCompile(w).MatchString(stderr) {
-			t.Errorf("the script's log does not match %q:\n%s", w, stderr)
-		}
-	}
+	checkTransports(t, stdout, stderr, "tls", "tcp",
+		`redis \(tls\) --redis.url rediss://127\.0\.0\.1:`+ports[2]+` --redis.tls.ca /\S+/tls/ca\.pem`,
+		`REDIS_SOCKET_TYPE=tcp REDIS_TYPE=SINGLE REDIS_URL=127\.0\.0\.1:`+ports[2]+` REDIS_TLS=true REDIS_TLS_CACERT=/\S+/tls/ca\.pem`)
 }
 
 // TestMakeBenchGRPCTLS: with BENCH_GRPC=tls the generator calls envoy-rls,
@@ -155,28 +156,16 @@ func TestMakeBenchTLS(t *testing.T) {
 // run of a generator speaking TLS (and the other way round), so the rows,
 // without an error, show both ends speaking it.
 func TestMakeBenchGRPCTLS(t *testing.T) {
-	want := []row{{"do-nothing", 4}, {"do-nothing, 3 desc", 4}}
-	for _, l := range []string{"1 key", "hot key (over)"} {
-		want = append(want, row{l, 4}, row{incumbentPrefix + l, 4})
-	}
-	stdout, stderr, _ := runBench(t, want, "BENCH_GRPC=tls", "BENCH_REDIS=tls", "BENCH_INCUMBENT=1", "BENCH_CALLERS=4",
-		"BENCH_SCENARIOS=ceiling one-key hot-key")
-	if !strings.Contains(stdout, "Redis: tls, gRPC: tls") {
-		t.Errorf("the table's header does not say Redis: tls, gRPC: tls:\n%s", stdout)
-	}
+	stdout, stderr, _ := runBench(t, ceilingBesideIncumbent("1 key", "hot key (over)"), "BENCH_GRPC=tls", "BENCH_REDIS=tls",
+		"BENCH_INCUMBENT=1", "BENCH_CALLERS=4", "BENCH_SCENARIOS=ceiling one-key hot-key")
 	const cert, key = `/\S+/tls/server\.pem`, `/\S+/tls/server\.key`
-	for _, w := range []string{
+	checkTransports(t, stdout, stderr, "tls", "tls",
 		`rls-bench --tls\.ca /\S+/tls/ca\.pem`,
-		`envoy-rls pid \d+ on 127\.0\.0\.1:\d+ with --grpc\.tls\.cert ` + cert + ` --grpc\.tls\.key ` + key + ` \(`,
-		`do-nothing pid \d+ on 127\.0\.0\.1:\d+ with --tls\.cert ` + cert + ` --tls\.key ` + key + `$`,
-		`envoyproxy/ratelimit .* on 127\.0\.0\.1:(\d+) \(GRPC_HOST=127\.0\.0\.1 GRPC_PORT=\d+ GRPC_SERVER_USE_TLS=true GRPC_SERVER_TLS_CERT=` + cert + ` GRPC_SERVER_TLS_KEY=` + key + `,`,
+		`envoy-rls pid \d+ on 127\.0\.0\.1:\d+ with --grpc\.tls\.cert `+cert+` --grpc\.tls\.key `+key+` \(`,
+		`do-nothing pid \d+ on 127\.0\.0\.1:\d+ with --tls\.cert `+cert+` --tls\.key `+key+`$`,
+		`envoyproxy/ratelimit .* on 127\.0\.0\.1:(\d+) \(GRPC_HOST=127\.0\.0\.1 GRPC_PORT=\d+ GRPC_SERVER_USE_TLS=true GRPC_SERVER_TLS_CERT=`+cert+` GRPC_SERVER_TLS_KEY=`+key+`,`,
 		`redis \(tls\) --redis\.url rediss://127\.0\.0\.1:\d+ --redis\.tls\.ca /\S+/tls/ca\.pem`,
-		`REDIS_TLS=true REDIS_TLS_CACERT=/\S+/tls/ca\.pem`,
-	} {
-		if !regexp.MustCompile(`(?m)` + w).MatchString(stderr) {
-			t.Errorf("the script's log does not match %q:\n%s", w, stderr)
-		}
-	}
+		`REDIS_TLS=true REDIS_TLS_CACERT=/\S+/tls/ca\.pem`)
 }
 
 // incumbentPrefix starts the label of an envoyproxy/ratelimit row.

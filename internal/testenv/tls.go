@@ -160,3 +160,34 @@ func (f *TLSFiles) redisArgs(port int, clientAuth bool) []string {
 		"--tls-auth-clients", auth,
 	}
 }
+
+// Certificate is the first certificate in the PEM file at path.
+func Certificate(t testing.TB, path string) *x509.Certificate {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, _ := pem.Decode(b)
+	if block == nil {
+		t.Fatalf("%s: no PEM block", path)
+	}
+	c, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return c
+}
+
+// CopyFile writes src's content to dst in place (dst keeps its inode), as a
+// certificate renewal written over the old file does.
+func CopyFile(t testing.TB, src, dst string) {
+	t.Helper()
+	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dst, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -353,9 +353,9 @@ func (s *Server) parse(c contents) (*tls.Config, *x509.Certificate, error) {
 		Certificates: []tls.Certificate{cert},
 	}
 	if s.files.ClientCA != "" {
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(c.ca) {
-			return nil, nil, fmt.Errorf("client authorities %s: no PEM certificate found", s.files.ClientCA)
+		pool, err := certPool(c.ca, "client authorities", s.files.ClientCA)
+		if err != nil {
+			return nil, nil, err
 		}
 		cfg.ClientCAs = pool
 		cfg.ClientAuth = tls.RequireAndVerifyClientCert
@@ -415,9 +415,15 @@ func loadPool(file string) (*x509.CertPool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("authorities: %w", err)
 	}
+	return certPool(pem, "authorities", file)
+}
+
+// certPool parses the authorities read from file; what names them in an
+// error.
+func certPool(pem []byte, what, file string) (*x509.CertPool, error) {
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("authorities %s: no PEM certificate found", file)
+		return nil, fmt.Errorf("%s %s: no PEM certificate found", what, file)
 	}
 	return pool, nil
 }

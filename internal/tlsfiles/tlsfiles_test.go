@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"flag"
 	"io"
@@ -72,36 +71,6 @@ func clientConfig(t *testing.T, ca, certFile, keyFile string) *tls.Config {
 	return cfg
 }
 
-// certOf is the certificate in a PEM file.
-func certOf(t *testing.T, file string) *x509.Certificate {
-	t.Helper()
-	b, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	block, _ := pem.Decode(b)
-	if block == nil {
-		t.Fatalf("%s: no PEM", file)
-	}
-	c, err := x509.ParseCertificate(block.Bytes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
-// copyFile writes src's content to dst in place, as a renewal might.
-func copyFile(t *testing.T, src, dst string) {
-	t.Helper()
-	b, err := os.ReadFile(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(dst, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // loads records the loads a Server reports.
 type loads []tlsfiles.Loaded
 
@@ -114,7 +83,7 @@ func TestServerServesItsCertificate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := certOf(t, a.Cert)
+	want := testenv.Certificate(t, a.Cert)
 	if len(got) != 1 || !got[0].Initial || got[0].Err != nil || !got[0].NotAfter.Equal(want.NotAfter) || got[0].Subject != want.Subject.String() {
 		t.Fatalf("loads at start = %+v, want one initial load of %s until %v", got, want.Subject, want.NotAfter)
 	}
@@ -142,8 +111,8 @@ func TestServerReloadsChangedFiles(t *testing.T) {
 	a, b := testenv.NewTLSFiles(t), testenv.NewTLSFiles(t)
 	dir := t.TempDir()
 	cert, key := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	copyFile(t, a.Cert, cert)
-	copyFile(t, a.Key, key)
+	testenv.CopyFile(t, a.Cert, cert)
+	testenv.CopyFile(t, a.Key, key)
 	var got loads
 	srv, err := tlsfiles.NewServer(tlsfiles.ServerFiles{Cert: cert, Key: key}, got.record)
 	if err != nil {
@@ -156,37 +125,37 @@ func TestServerReloadsChangedFiles(t *testing.T) {
 		if o.client != nil || o.server != nil {
 			t.Fatalf("%s: handshake: client %v, server %v", step, o.client, o.server)
 		}
-		if !bytes.Equal(o.served.Raw, certOf(t, want).Raw) {
+		if !bytes.Equal(o.served.Raw, testenv.Certificate(t, want).Raw) {
 			t.Fatalf("%s: served %s (issuer %s), want %s", step, o.served.Subject, o.served.Issuer, want)
 		}
 	}
 	serves("start", trustA, a.Cert)
 
 	// Renewed: B's certificate and key, written in place.
-	copyFile(t, b.Cert, cert)
-	copyFile(t, b.Key, key)
+	testenv.CopyFile(t, b.Cert, cert)
+	testenv.CopyFile(t, b.Key, key)
 	serves("renewed", trustB, b.Cert)
 	if o := handshake(t, srv, trustA); o.client == nil {
 		t.Error("renewed: a client trusting only the old authority accepted the new certificate")
 	}
-	if n := len(got); n != 2 || got[1].Initial || got[1].Err != nil || !got[1].NotAfter.Equal(certOf(t, b.Cert).NotAfter) {
+	if n := len(got); n != 2 || got[1].Initial || got[1].Err != nil || !got[1].NotAfter.Equal(testenv.Certificate(t, b.Cert).NotAfter) {
 		t.Fatalf("loads after the renewal = %+v, want a second, successful one", got)
 	}
 
 	// Half-written: A's certificate with B's key does not load.
-	copyFile(t, a.Cert, cert)
+	testenv.CopyFile(t, a.Cert, cert)
 	serves("half-written", trustB, b.Cert)
 	serves("half-written, again", trustB, b.Cert)
 	if n := len(got); n != 3 || got[2].Err == nil || !strings.Contains(got[2].Err.Error(), cert) {
 		t.Fatalf("loads after a mismatched pair = %+v, want one failure naming %s", got, cert)
 	}
-	if !got[2].NotAfter.Equal(certOf(t, b.Cert).NotAfter) {
-		t.Errorf("the failure reports expiry %v, want the still-served certificate's %v", got[2].NotAfter, certOf(t, b.Cert).NotAfter)
+	if !got[2].NotAfter.Equal(testenv.Certificate(t, b.Cert).NotAfter) {
+		t.Errorf("the failure reports expiry %v, want the still-served certificate's %v", got[2].NotAfter, testenv.Certificate(t, b.Cert).NotAfter)
 	}
 
 	// Reverted: the files hold the served set again; the failure is over,
 	// and nothing was loaded.
-	copyFile(t, b.Cert, cert)
+	testenv.CopyFile(t, b.Cert, cert)
 	serves("reverted", trustB, b.Cert)
 	if n := len(got); n != 4 || !got[3].Restored || got[3].Err != nil {
 		t.Fatalf("loads after the revert = %+v, want a fourth, restoring the served set", got)
@@ -196,8 +165,8 @@ func TestServerReloadsChangedFiles(t *testing.T) {
 		t.Fatalf("the unchanged, served set was reported again: %+v", got[4:])
 	}
 	// Completed: A's certificate, then its key; no handshake in between.
-	copyFile(t, a.Cert, cert)
-	copyFile(t, a.Key, key)
+	testenv.CopyFile(t, a.Cert, cert)
+	testenv.CopyFile(t, a.Key, key)
 	serves("completed", trustA, a.Cert)
 	if n := len(got); n != 5 || got[4].Err != nil || got[4].Restored {
 		t.Fatalf("loads after the key followed = %+v, want a fifth, successful one", got)
@@ -229,7 +198,7 @@ func TestServerMutualTLS(t *testing.T) {
 	a, b := testenv.NewTLSFiles(t), testenv.NewTLSFiles(t)
 	dir := t.TempDir()
 	clientCA := filepath.Join(dir, "client-ca.pem")
-	copyFile(t, a.CA, clientCA)
+	testenv.CopyFile(t, a.CA, clientCA)
 	srv, err := tlsfiles.NewServer(tlsfiles.ServerFiles{Cert: a.Cert, Key: a.Key, ClientCA: clientCA}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -256,7 +225,7 @@ func TestServerMutualTLS(t *testing.T) {
 		}
 	}
 
-	copyFile(t, b.CA, clientCA)
+	testenv.CopyFile(t, b.CA, clientCA)
 	accepts("B's client once B is the client authority", b.ClientCert, b.ClientKey, true)
 	accepts("A's client once B is the client authority", a.ClientCert, a.ClientKey, false)
 
@@ -319,18 +288,24 @@ func TestNewServerRefusesBadFiles(t *testing.T) {
 	}
 }
 
+// parseFlags parses args with the flags register registers.
+func parseFlags(t *testing.T, register func(*flag.FlagSet), args []string) {
+	t.Helper()
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	register(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestServerFlags: the server flags fill ServerFiles (client names
 // comma-separated or repeated), and CheckFlags names a partial setting.
 func TestServerFlags(t *testing.T) {
 	parse := func(args ...string) tlsfiles.ServerFiles {
 		t.Helper()
-		fs := flag.NewFlagSet("t", flag.ContinueOnError)
-		fs.SetOutput(io.Discard)
 		var f tlsfiles.ServerFiles
-		f.Register(fs, "grpc.tls.")
-		if err := fs.Parse(args); err != nil {
-			t.Fatal(err)
-		}
+		parseFlags(t, func(fs *flag.FlagSet) { f.Register(fs, "grpc.tls.") }, args)
 		return f
 	}
 	f := parse("--grpc.tls.cert", "c", "--grpc.tls.key", "k", "--grpc.tls.client-ca", "ca",
@@ -359,13 +334,8 @@ func TestClientFlags(t *testing.T) {
 	a := testenv.NewTLSFiles(t)
 	parse := func(args ...string) (*tls.Config, error) {
 		t.Helper()
-		fs := flag.NewFlagSet("t", flag.ContinueOnError)
-		fs.SetOutput(io.Discard)
 		var f tlsfiles.ClientFlags
-		f.Register(fs, "server")
-		if err := fs.Parse(args); err != nil {
-			t.Fatal(err)
-		}
+		parseFlags(t, func(fs *flag.FlagSet) { f.Register(fs, "server") }, args)
 		return f.Config()
 	}
 	if cfg, err := parse(); cfg != nil || err != nil {
@@ -381,13 +351,18 @@ func TestClientFlags(t *testing.T) {
 	if cfg, err := parse("--tls.insecure-skip-verify"); err != nil || cfg == nil || !cfg.InsecureSkipVerify {
 		t.Errorf("--tls.insecure-skip-verify alone: %+v, %v; want TLS without verification", cfg, err)
 	}
-	for _, args := range [][]string{
-		{"--tls.cert", a.ClientCert},
-		{"--tls.ca", a.ClientKey},
-		{"--tls.cert", a.ClientCert, "--tls.key", a.Key},
+	missing := filepath.Join(t.TempDir(), "missing.pem")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--tls.cert", a.ClientCert}, "both the certificate and the key file"},
+		{[]string{"--tls.ca", a.ClientKey}, "authorities " + a.ClientKey + ": no PEM certificate"},
+		{[]string{"--tls.ca", missing}, missing},
+		{[]string{"--tls.cert", a.ClientCert, "--tls.key", a.Key}, "certificate " + a.ClientCert + " with key " + a.Key},
 	} {
-		if _, err := parse(args...); err == nil || !strings.Contains(err.Error(), "--tls.*") {
-			t.Errorf("%v: error %v, want one naming --tls.*", args, err)
+		if _, err := parse(tc.args...); err == nil || !strings.Contains(err.Error(), "--tls.*: ") || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: error %v, want one naming --tls.* and saying %q", tc.args, err, tc.want)
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/envoy-rls/envoy-rls/internal/testenv"
+	"github.com/envoy-rls/envoy-rls/internal/tlsfiles"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
 	"github.com/envoy-rls/envoy-rls/pkg/redisbackend"
 )
@@ -68,7 +69,7 @@ func TestErrorKindTLS(t *testing.T) {
 		{"client of another authority, TLS 1.2", r.TLS.CA, other.ClientCert, other.ClientKey, "", true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			cfg, err := redisbackend.TLSConfig(c.ca, c.cert, c.key, c.sname, false)
+			cfg, err := tlsfiles.Client(tlsfiles.ClientFiles{CA: c.ca, Cert: c.cert, Key: c.key, ServerName: c.sname})
 			if err != nil {
 				t.Fatal(err)
 			}

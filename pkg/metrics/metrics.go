@@ -20,8 +20,7 @@ type Metrics struct {
 	storeErrors     *prometheus.CounterVec
 	fallbackActive  prometheus.Gauge
 	breakerState    *prometheus.GaugeVec
-	reloads         *prometheus.CounterVec
-	lastReloadOK    prometheus.Gauge
+	reloads         reloads
 	lastReloadTime  prometheus.Gauge
 	rules           *prometheus.GaugeVec
 	registerer      prometheus.Registerer
@@ -91,14 +90,15 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "envoy_rls_circuit_breaker_state",
 			Help: "1 for the circuit breaker's current state (closed, half-open, open), 0 for the others.",
 		}, []string{"state"}),
-		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "envoy_rls_config_reloads_total",
-			Help: "Configuration loads after the first, by result (success, failure). An unchanged folder is not counted.",
-		}, []string{"result"}),
-		lastReloadOK: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "envoy_rls_config_last_reload_successful",
-			Help: "1 if the last configuration load succeeded, 0 if it failed (the previous configuration is still served).",
-		}),
+		reloads: newReloads(
+			prometheus.CounterOpts{
+				Name: "envoy_rls_config_reloads_total",
+				Help: "Configuration loads after the first, by result (success, failure). An unchanged folder is not counted.",
+			},
+			prometheus.GaugeOpts{
+				Name: "envoy_rls_config_last_reload_successful",
+				Help: "1 if the last configuration load succeeded, 0 if it failed (the previous configuration is still served).",
+			}),
 		lastReloadTime: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "envoy_rls_config_last_reload_success_timestamp_seconds",
 			Help: "Unix time of the last successful configuration load.",
@@ -109,7 +109,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"domain"}),
 	}
 	if err := m.register(m.decisions, m.nearLimit, m.unknownDomain, m.requests, m.requestDuration,
-		m.storeDuration, m.storeErrors, m.fallbackActive, m.breakerState, m.reloads, m.lastReloadOK,
+		m.storeDuration, m.storeErrors, m.fallbackActive, m.breakerState, m.reloads.total, m.reloads.lastOK,
 		m.lastReloadTime, m.rules); err != nil {
 		return nil, err
 	}
@@ -175,29 +175,54 @@ func (m *Metrics) StoreError(kind string) { m.storeErrors.WithLabelValues(kind).
 // start (which sets the gauges but is not counted as a reload), rules maps
 // each domain to its number of rules (nil when the load failed).
 func (m *Metrics) Reloaded(initial, ok bool, at time.Time, rules map[string]int) {
-	result := "failure"
+	m.reloads.record(initial, ok)
 	if ok {
-		result = "success"
 		m.lastReloadTime.Set(float64(at.UnixNano()) / 1e9)
-		m.lastReloadOK.Set(1)
 		m.rules.Reset()
 		for d, n := range rules {
 			m.rules.WithLabelValues(d).Set(float64(n))
 		}
-	} else {
-		m.lastReloadOK.Set(0)
-	}
-	if !initial {
-		m.reloads.WithLabelValues(result).Inc()
 	}
 }
 
 // ConfigRestored records that the configuration folder holds the running
 // configuration again after a reload failed (the bad edit was reverted):
 // the failure is over, and nothing was reloaded.
-func (m *Metrics) ConfigRestored() {
-	m.lastReloadOK.Set(1)
+func (m *Metrics) ConfigRestored() { m.reloads.restored() }
+
+// reloads are the two families of something loaded again when it changes,
+// the last good one kept when a load fails: the configuration folder, the
+// gRPC listener's TLS files.
+type reloads struct {
+	total  *prometheus.CounterVec // loads after the first, by result
+	lastOK prometheus.Gauge       // 0 while the last load failed
 }
+
+func newReloads(total prometheus.CounterOpts, lastOK prometheus.GaugeOpts) reloads {
+	return reloads{
+		total:  prometheus.NewCounterVec(total, []string{"result"}),
+		lastOK: prometheus.NewGauge(lastOK),
+	}
+}
+
+// record records a load; the first (initial) sets the gauge but is not
+// counted.
+func (r reloads) record(initial, ok bool) {
+	result := "failure"
+	if ok {
+		result = "success"
+		r.lastOK.Set(1)
+	} else {
+		r.lastOK.Set(0)
+	}
+	if !initial {
+		r.total.WithLabelValues(result).Inc()
+	}
+}
+
+// restored records that what is loaded is again what is served, after a
+// failed load: the failure is over, and nothing was loaded.
+func (r reloads) restored() { r.lastOK.Set(1) }
 
 // InstancesFunc exports envoy_rls_instances, read from f at scrape time.
 func (m *Metrics) InstancesFunc(f func() int) error {
@@ -310,8 +335,7 @@ func (t *timedDeadlineLimiter) CheckBy(ctx context.Context, by time.Time, reqs [
 // ListenerTLS records the TLS of the gRPC listener. Create it with
 // Metrics.ListenerTLS, only when the listener serves TLS.
 type ListenerTLS struct {
-	reloads           *prometheus.CounterVec
-	lastReloadOK      prometheus.Gauge
+	reloads           reloads
 	notAfter          prometheus.Gauge
 	handshakeFailures prometheus.Counter
 }
@@ -319,14 +343,15 @@ type ListenerTLS struct {
 // ListenerTLS registers the metrics of the gRPC listener's TLS.
 func (m *Metrics) ListenerTLS() (*ListenerTLS, error) {
 	t := &ListenerTLS{
-		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "envoy_rls_grpc_tls_reloads_total",
-			Help: "Loads of the gRPC listener's certificate, key and client authorities after the first, by result (success, failure): they are read again when a handshake finds the files changed. After a failure the previous ones are still served.",
-		}, []string{"result"}),
-		lastReloadOK: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "envoy_rls_grpc_tls_last_reload_successful",
-			Help: "0 while the gRPC listener's TLS files hold a set that failed to load (the previous certificate is still served); 1 once a good set loads or the files are reverted to the served one.",
-		}),
+		reloads: newReloads(
+			prometheus.CounterOpts{
+				Name: "envoy_rls_grpc_tls_reloads_total",
+				Help: "Loads of the gRPC listener's certificate, key and client authorities after the first, by result (success, failure): they are read again when a handshake finds the files changed. After a failure the previous ones are still served.",
+			},
+			prometheus.GaugeOpts{
+				Name: "envoy_rls_grpc_tls_last_reload_successful",
+				Help: "0 while the gRPC listener's TLS files hold a set that failed to load (the previous certificate is still served); 1 once a good set loads or the files are reverted to the served one.",
+			}),
 		notAfter: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "envoy_rls_grpc_tls_certificate_expiry_timestamp_seconds",
 			Help: "Unix time at which the certificate the gRPC listener serves expires (its NotAfter).",
@@ -336,7 +361,7 @@ func (m *Metrics) ListenerTLS() (*ListenerTLS, error) {
 			Help: "Connections to the gRPC listener closed because their TLS handshake failed: a client that does not trust the certificate, presents none or one that is refused, or does not speak TLS. Each is logged with the client's address. A connection closed without a word (EOF: a TCP probe) is not counted.",
 		}),
 	}
-	if err := m.register(t.reloads, t.lastReloadOK, t.notAfter, t.handshakeFailures); err != nil {
+	if err := m.register(t.reloads.total, t.reloads.lastOK, t.notAfter, t.handshakeFailures); err != nil {
 		return nil, err
 	}
 	return t, nil
@@ -346,22 +371,13 @@ func (m *Metrics) ListenerTLS() (*ListenerTLS, error) {
 // start (which sets the gauges but is not counted as a reload); notAfter is
 // the expiry of the certificate served after it.
 func (t *ListenerTLS) Loaded(initial, ok bool, notAfter time.Time) {
-	result := "failure"
-	if ok {
-		result = "success"
-		t.lastReloadOK.Set(1)
-	} else {
-		t.lastReloadOK.Set(0)
-	}
+	t.reloads.record(initial, ok)
 	t.notAfter.Set(float64(notAfter.Unix()))
-	if !initial {
-		t.reloads.WithLabelValues(result).Inc()
-	}
 }
 
 // Restored records that the TLS files hold the served set again after a
 // set that failed to load: the failure is over, and nothing was reloaded.
-func (t *ListenerTLS) Restored() { t.lastReloadOK.Set(1) }
+func (t *ListenerTLS) Restored() { t.reloads.restored() }
 
 // HandshakeFailed counts one failed TLS handshake.
 func (t *ListenerTLS) HandshakeFailed() { t.handshakeFailures.Inc() }

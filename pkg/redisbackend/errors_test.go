@@ -5,8 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -293,32 +291,6 @@ func waitFor(f func() error) error {
 		<-tick.C
 	}
 }
-
-func TestTLSConfig(t *testing.T) {
-	f := testenv.NewTLSFiles(t)
-	junk := filepath.Join(t.TempDir(), "junk.pem")
-	if err := os.WriteFile(junk, []byte("not pem"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := TLSConfig(f.CA, f.ClientCert, f.ClientKey, "redis.internal", false)
-	if err != nil {
-		t.Fatalf("TLSConfig: %v", err)
-	}
-	if cfg.RootCAs == nil || len(cfg.Certificates) != 1 || cfg.ServerName != "redis.internal" || cfg.InsecureSkipVerify {
-		t.Errorf("TLSConfig = %+v", cfg)
-	}
-	for name, args := range map[string][3]string{
-		"missing ca":   {filepath.Join(t.TempDir(), "nope"), "", ""},
-		"junk ca":      {junk, "", ""},
-		"cert no key":  {"", f.ClientCert, ""},
-		"bad key pair": {"", f.ClientCert, f.ClientCert},
-	} {
-		if _, err := TLSConfig(args[0], args[1], args[2], "", false); err == nil {
-			t.Errorf("%s: TLSConfig succeeded", name)
-		}
-	}
-}
-
 func TestNewFromClient(t *testing.T) {
 	r := testenv.RedisServer(t)
 	if _, err := NewFromClient(nil, Options{}); err == nil {

@@ -10,8 +10,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
-
-	"github.com/envoy-rls/envoy-rls/internal/tlsfiles"
 )
 
 // Defaults of Options.
@@ -49,9 +47,9 @@ type Options struct {
 	// credentials of URL.
 	Username string
 	Password string
-	// TLS enables TLS with this configuration (see TLSConfig). With a
-	// rediss:// URL and a nil TLS, go-redis's default TLS configuration is
-	// used.
+	// TLS enables TLS with this configuration (internal/tlsfiles.Client
+	// builds it from PEM files, as --redis.tls.* do). With a rediss:// URL
+	// and a nil TLS, go-redis's default TLS configuration is used.
 	TLS *tls.Config
 	// PoolSize is the maximum number of connections per Redis node; 0
 	// means go-redis's default (10 per CPU).
@@ -281,17 +279,4 @@ func checkSocketURL(rawURL, path string, withTLS bool) error {
 		return fmt.Errorf("--redis.url %s is a Unix socket, which Redis serves without TLS: remove the --redis.tls.* flags", path)
 	}
 	return nil
-}
-
-// TLSConfig builds a client TLS configuration (TLS 1.2 or later). caFile, if
-// set, replaces the system roots with the PEM certificates it holds;
-// certFile and keyFile, set together, present a client certificate;
-// serverName overrides the name verified in the server's certificate;
-// insecure skips verification (tests only).
-func TLSConfig(caFile, certFile, keyFile, serverName string, insecure bool) (*tls.Config, error) {
-	cfg, err := tlsfiles.Client(tlsfiles.ClientFiles{CA: caFile, Cert: certFile, Key: keyFile, ServerName: serverName, Insecure: insecure})
-	if err != nil {
-		return nil, fmt.Errorf("redis TLS: %w", err)
-	}
-	return cfg, nil
 }

@@ -11,11 +11,13 @@ import (
 	"time"
 
 	"github.com/envoy-rls/envoy-rls/internal/testenv"
+	"github.com/envoy-rls/envoy-rls/internal/tlsfiles"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
 )
 
 // TestTLS: a Redis that serves TLS and asks for a client certificate
-// (tls-auth-clients yes) is reached with TLSConfig's configuration, on a
+// (tls-auth-clients yes) is reached with the configuration --redis.tls.*
+// builds (tlsfiles.Client), on a
 // rediss:// URL and on a redis:// one alike (the configuration turns TLS
 // on): every connection the Backend opens came in on the TLS port, and four
 // instances hammering one key over TLS admit exactly the model's count for
@@ -29,9 +31,9 @@ func TestTLS(t *testing.T) {
 	ctx := context.Background()
 	tlsConfig := func(t *testing.T, ca, cert, key, serverName string, insecure bool) Options {
 		t.Helper()
-		cfg, err := TLSConfig(ca, cert, key, serverName, insecure)
+		cfg, err := tlsfiles.Client(tlsfiles.ClientFiles{CA: ca, Cert: cert, Key: key, ServerName: serverName, Insecure: insecure})
 		if err != nil {
-			t.Fatalf("TLSConfig: %v", err)
+			t.Fatalf("tlsfiles.Client: %v", err)
 		}
 		return Options{URL: "rediss://" + r.TLSAddr, TLS: cfg, KeyPrefix: "tls:", Timeout: testTimeout}
 	}
@@ -217,13 +219,13 @@ func TestTLSSentinel(t *testing.T) {
 	})
 }
 
-// mutualTLS is TLSConfig's configuration for f's servers: it trusts f.CA and
-// presents f's client certificate.
+// mutualTLS is the configuration --redis.tls.* builds for f's servers: it
+// trusts f.CA and presents f's client certificate.
 func mutualTLS(t *testing.T, f *testenv.TLSFiles) *tls.Config {
 	t.Helper()
-	cfg, err := TLSConfig(f.CA, f.ClientCert, f.ClientKey, "", false)
+	cfg, err := tlsfiles.Client(tlsfiles.ClientFiles{CA: f.CA, Cert: f.ClientCert, Key: f.ClientKey})
 	if err != nil {
-		t.Fatalf("TLSConfig: %v", err)
+		t.Fatalf("tlsfiles.Client: %v", err)
 	}
 	return cfg
 }
