@@ -277,7 +277,7 @@ func TestDashboardShape(t *testing.T) {
 
 // exported returns the metric families envoy-rls exports, with their label
 // names, read from pkg/metrics itself: every collector metrics.New (and
-// InstancesFunc, ListenerTLS) registers is described, so vectors without children are
+// InstancesFunc, ListenerTLS, RedisTLS) registers is described, so vectors without children are
 // listed too; their types, and the gathered families, come from a gather.
 func exported(t *testing.T) (labels map[string][]string, types map[string]dto.MetricType, fams []*dto.MetricFamily) {
 	t.Helper()
@@ -291,6 +291,9 @@ func exported(t *testing.T) (labels map[string][]string, types map[string]dto.Me
 		t.Fatal(err)
 	}
 	if _, err := m.ListenerTLS(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.RedisTLS(true); err != nil {
 		t.Fatal(err)
 	}
 	if len(rec.labels) == 0 {

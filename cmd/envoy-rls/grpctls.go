@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net"
 	"strings"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -27,24 +26,8 @@ func grpcServerTLS(files tlsfiles.ServerFiles, log *slog.Logger, m *metrics.Metr
 	if err != nil {
 		return nil, err
 	}
-	srv, err := tlsfiles.NewServer(files, func(l tlsfiles.Loaded) {
-		attrs := []any{"subject", l.Subject, "not_after", l.NotAfter.UTC().Format(time.RFC3339)}
-		switch {
-		case l.Initial:
-			log.Info("gRPC TLS", append(attrs, "cert", files.Cert, "mutual", files.ClientCA != "", "client_sans", strings.Join(files.ClientSANs, ","))...)
-		case l.Restored:
-			log.Info("gRPC TLS: the files hold the served certificate again", attrs...)
-		case l.Err != nil:
-			log.Error("gRPC TLS: the changed files did not load; the previous certificate is still served", append(attrs, "err", l.Err)...)
-		default:
-			log.Info("gRPC TLS: files reloaded", attrs...)
-		}
-		if l.Restored {
-			tm.Restored()
-		} else {
-			tm.Loaded(l.Initial, l.Err == nil, l.NotAfter)
-		}
-	})
+	srv, err := tlsfiles.NewServer(files, logTLSLoads(log, "gRPC TLS", tm,
+		"cert", files.Cert, "mutual", files.ClientCA != "", "client_sans", strings.Join(files.ClientSANs, ",")))
 	if err != nil {
 		return nil, usageError{msg: "--grpc.tls.*: " + err.Error()}
 	}

@@ -186,7 +186,7 @@ func TestServeGRPCTLS(t *testing.T) {
 	if v, _ := value(fams, "envoy_rls_grpc_tls_last_reload_successful"); v != 0 {
 		t.Errorf("envoy_rls_grpc_tls_last_reload_successful = %v after a failed load, want 0", v)
 	}
-	if !strings.Contains(log.String(), "the changed files did not load; the previous certificate is still served") {
+	if !strings.Contains(log.String(), "gRPC TLS: the changed files did not load; the previous ones are still in use") {
 		t.Errorf("log lacks the failed load:\n%s", log.String())
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -37,11 +38,11 @@ func openRedisStore(ctx context.Context, o storeOptions, log *slog.Logger, m *me
 		DisableFunctions: !o.redisFunctions,
 	}
 	if o.redisTLS.Set() {
-		tlsCfg, err := tlsfiles.Client(o.redisTLS)
+		tlsConfig, err := redisTLS(o.redisTLS, log, m)
 		if err != nil {
-			return nil, fmt.Errorf("--redis.tls.*: %w", err)
+			return nil, err
 		}
-		ro.TLS = tlsCfg
+		ro.TLS = tlsConfig
 	}
 	rb, err := redisbackend.New(ro)
 	if err != nil {
@@ -132,6 +133,22 @@ func openRedisStore(ctx context.Context, o storeOptions, log *slog.Logger, m *me
 			},
 		},
 	}, nil
+}
+
+// redisTLS returns the TLS configuration of each new connection to Redis:
+// the --redis.tls.* files, read again when they change, each load logged
+// and counted.
+func redisTLS(f tlsfiles.ClientFiles, log *slog.Logger, m *metrics.Metrics) (func() *tls.Config, error) {
+	tm, err := m.RedisTLS(f.Cert != "")
+	if err != nil {
+		return nil, err
+	}
+	src, err := tlsfiles.NewClientSource(f, logTLSLoads(log, "Redis TLS", tm,
+		"ca", f.CA, "cert", f.Cert, "server_name", f.ServerName, "insecure_skip_verify", f.Insecure))
+	if err != nil {
+		return nil, fmt.Errorf("--redis.tls.*: %w", err)
+	}
+	return src.Config, nil
 }
 
 // scriptsReason says why checks run as scripts rather than as a Function.

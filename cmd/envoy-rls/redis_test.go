@@ -12,6 +12,7 @@ import (
 	commonrl "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -180,6 +181,75 @@ descriptors:
 		}
 		if want := "certificate signed by unknown authority"; !strings.Contains(logs.String(), want) {
 			t.Errorf("the log does not say %q:\n%s", want, logs.String())
+		}
+	})
+
+	// The files are read again for each new connection to Redis: a
+	// renewal written in place is used, and counted, from the next one;
+	// a set that does not load leaves the last good one in use.
+	t.Run("renewed", func(t *testing.T) {
+		renewedCert, renewedKey := redis.TLS.RenewClient(t)
+		dir := t.TempDir()
+		files := tlsfiles.ClientFiles{CA: filepath.Join(dir, "ca.crt"), Cert: filepath.Join(dir, "tls.crt"), Key: filepath.Join(dir, "tls.key")}
+		testenv.CopyFile(t, redis.TLS.CA, files.CA)
+		testenv.CopyFile(t, redis.TLS.ClientCert, files.Cert)
+		testenv.CopyFile(t, redis.TLS.ClientKey, files.Key)
+		var logs testenv.Buffer
+		r := startServeLog(t, redisServeOptions(t, redis, yaml, func(o *serveOptions) {
+			o.store.redisURL = "rediss://" + redis.TLSAddr
+			o.store.redisTLS = files
+		}), &logs)
+		const expiry = "envoy_rls_redis_tls_client_certificate_expiry_timestamp_seconds"
+		fams := scrape(t, r)
+		for name, want := range map[string]float64{expiry: notAfter(t, redis.TLS.ClientCert), "envoy_rls_redis_tls_last_reload_successful": 1} {
+			if v, ok := value(fams, name); !ok || v != want {
+				t.Errorf("at start %s = %v (exported: %v), want %v", name, v, ok, want)
+			}
+		}
+		// redial closes envoy-rls's connections to Redis and sends
+		// requests, each of which may open one, until the series
+		// name{labels} reads want.
+		redial := func(step, name string, want float64, labels ...string) map[string]*dto.MetricFamily {
+			t.Helper()
+			if err := redis.Client().ClientKillByFilter(context.Background(), "TYPE", "normal").Err(); err != nil {
+				t.Fatal(err)
+			}
+			for range 1000 {
+				r.admitted(t, 1, "s", "k", "v")
+				fams := scrape(t, r)
+				if v, _ := value(fams, name, labels...); v == want {
+					return fams
+				}
+			}
+			t.Fatalf("%s: %s%v never read %v", step, name, labels, want)
+			return nil
+		}
+		testenv.CopyFile(t, renewedCert, files.Cert)
+		testenv.CopyFile(t, renewedKey, files.Key)
+		fams = redial("renewed", "envoy_rls_redis_tls_reloads_total", 1, "result", "success")
+		if v, _ := value(fams, expiry); v != notAfter(t, renewedCert) {
+			t.Errorf("after the renewal %s = %v, want the renewal's %v", expiry, v, notAfter(t, renewedCert))
+		}
+		if !strings.Contains(logs.String(), `msg="Redis TLS: files reloaded" subject="CN=client"`) {
+			t.Errorf("the log does not tell of the reload:\n%s", logs.String())
+		}
+
+		// The first certificate with the renewal's key does not load.
+		testenv.CopyFile(t, redis.TLS.ClientCert, files.Cert)
+		fams = redial("half-written", "envoy_rls_redis_tls_reloads_total", 1, "result", "failure")
+		if v, _ := value(fams, "envoy_rls_redis_tls_last_reload_successful"); v != 0 {
+			t.Errorf("after a failed load envoy_rls_redis_tls_last_reload_successful = %v, want 0", v)
+		}
+		if !strings.Contains(logs.String(), "Redis TLS: the changed files did not load; the previous ones are still in use") ||
+			!strings.Contains(logs.String(), files.Cert) {
+			t.Errorf("the log does not tell of the failed load, naming %s:\n%s", files.Cert, logs.String())
+		}
+		// New connections present the renewal still: a rule that denies
+		// without Redis admits again.
+		for i := 0; r.admitted(t, 1, "s", "strict", "renewed") != 1; i++ {
+			if i == 1000 {
+				t.Fatal("no request reached Redis with the last good files")
+			}
 		}
 	})
 }

@@ -32,6 +32,11 @@ type TLSFiles struct {
 	// ClientCert and ClientKey are a client certificate (for the name
 	// client) and its key.
 	ClientCert, ClientKey string
+
+	dir    string
+	ca     *x509.Certificate
+	caKey  *ecdsa.PrivateKey
+	issued int64 // serial numbers of the certificates signed so far
 }
 
 // NewTLSFiles makes a new authority and its server and client certificates
@@ -49,6 +54,7 @@ func NewTLSFiles(t testing.TB) *TLSFiles {
 
 func newTLSFiles(dir string) (*TLSFiles, error) {
 	f := &TLSFiles{
+		dir:        dir,
 		CA:         filepath.Join(dir, "ca.pem"),
 		Cert:       filepath.Join(dir, "server.pem"),
 		Key:        filepath.Join(dir, "server-key.pem"),
@@ -80,42 +86,64 @@ func newTLSFiles(dir string) (*TLSFiles, error) {
 	if err := writePEM(f.CA, "CERTIFICATE", caDER); err != nil {
 		return nil, err
 	}
-	leaf := func(serial int64, name string, usage []x509.ExtKeyUsage, ips []net.IP, certFile, keyFile string) error {
-		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			return fmt.Errorf("key %s: %w", name, err)
-		}
-		tmpl := &x509.Certificate{
-			SerialNumber: big.NewInt(serial),
-			Subject:      pkix.Name{CommonName: name},
-			DNSNames:     []string{name},
-			IPAddresses:  ips,
-			NotBefore:    now.Add(-time.Hour),
-			NotAfter:     now.Add(24 * time.Hour),
-			KeyUsage:     x509.KeyUsageDigitalSignature,
-			ExtKeyUsage:  usage,
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-		if err != nil {
-			return fmt.Errorf("certificate %s: %w", name, err)
-		}
-		kder, err := x509.MarshalECPrivateKey(key)
-		if err != nil {
-			return fmt.Errorf("key %s: %w", name, err)
-		}
-		if err := writePEM(certFile, "CERTIFICATE", der); err != nil {
-			return err
-		}
-		return writePEM(keyFile, "EC PRIVATE KEY", kder)
+	f.caKey = caKey
+	if f.ca, err = x509.ParseCertificate(caDER); err != nil {
+		return nil, fmt.Errorf("CA: %w", err)
 	}
 	both := []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
-	if err := leaf(2, "localhost", both, []net.IP{net.IPv4(127, 0, 0, 1)}, f.Cert, f.Key); err != nil {
+	if err := f.issue("localhost", both, []net.IP{net.IPv4(127, 0, 0, 1)}, now.Add(24*time.Hour), f.Cert, f.Key); err != nil {
 		return nil, err
 	}
-	if err := leaf(3, "client", []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, nil, f.ClientCert, f.ClientKey); err != nil {
+	if err := f.issue("client", []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, nil, now.Add(24*time.Hour), f.ClientCert, f.ClientKey); err != nil {
 		return nil, err
 	}
 	return f, nil
+}
+
+// issue writes a certificate for name, signed by f's authority, valid from
+// an hour ago until notAfter, to certFile, and its new key to keyFile.
+func (f *TLSFiles) issue(name string, usage []x509.ExtKeyUsage, ips []net.IP, notAfter time.Time, certFile, keyFile string) error {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return fmt.Errorf("key %s: %w", name, err)
+	}
+	f.issued++
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(f.issued + 1),
+		Subject:      pkix.Name{CommonName: name},
+		DNSNames:     []string{name},
+		IPAddresses:  ips,
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     notAfter,
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  usage,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, f.ca, &key.PublicKey, f.caKey)
+	if err != nil {
+		return fmt.Errorf("certificate %s: %w", name, err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return fmt.Errorf("key %s: %w", name, err)
+	}
+	if err := writePEM(certFile, "CERTIFICATE", der); err != nil {
+		return err
+	}
+	return writePEM(keyFile, "EC PRIVATE KEY", kder)
+}
+
+// RenewClient signs a renewal of the client certificate: for the name
+// client again, with a new key and serial number, valid for a day longer
+// than ClientCert. It returns the new certificate's and key's files (f's
+// own are left as they are). It is not safe for concurrent use.
+func (f *TLSFiles) RenewClient(t testing.TB) (cert, key string) {
+	t.Helper()
+	n := f.issued + 1
+	cert, key = filepath.Join(f.dir, fmt.Sprintf("client-%d.pem", n)), filepath.Join(f.dir, fmt.Sprintf("client-%d-key.pem", n))
+	if err := f.issue("client", []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, nil, Certificate(t, f.ClientCert).NotAfter.Add(24*time.Hour), cert, key); err != nil {
+		t.Fatalf("testenv: renewing the client certificate: %v", err)
+	}
+	return cert, key
 }
 
 // ClientConfig is a client's TLS configuration for f's servers: it trusts

@@ -1,13 +1,15 @@
 // Package tlsfiles builds the TLS configurations of this module's commands
-// from PEM files: a client's (to Redis, to a gRPC server), and a server's
-// that takes renewed certificates without a restart.
+// from PEM files: a client's (to Redis, to a gRPC server) and a server's,
+// both of which take renewed certificates and authorities without a
+// restart.
 //
-// A server's files are read at every handshake: when one of them changed (a
-// renewal written in place, a Kubernetes Secret's symlink swap), they are
-// parsed again, and a new connection gets the new certificate at once. A
-// set that does not load (a half-written renewal, a key that does not match
-// the certificate) leaves the last good one in use, is reported once, and
-// is tried again when the files change again. Connections already open keep their session: TLS
+// A server's files are read at every handshake, a client source's at every
+// new connection: when one of them changed (a renewal written in place, a
+// Kubernetes Secret's symlink swap), they are parsed again, and the
+// connection gets the new certificate at once. A set that does not load (a
+// half-written renewal, a key that does not match the certificate) leaves
+// the last good one in use, is reported once, and is tried again when the
+// files change again. Connections already open keep their session: TLS
 // certificates are checked at the handshake.
 package tlsfiles
 
@@ -85,31 +87,68 @@ func (f *ClientFlags) Config() (*tls.Config, error) {
 	return cfg, nil
 }
 
-// Client builds a client's configuration (TLS 1.2 or later) from f.
+// Client builds a client's configuration (TLS 1.2 or later) from f's files
+// as they are now, for a client that connects once or for a short while
+// (NewClientSource reads renewed files for each new connection).
 func Client(f ClientFiles) (*tls.Config, error) {
+	src, err := NewClientSource(f, nil)
+	if err != nil {
+		return nil, err
+	}
+	return src.w.cfg, nil
+}
+
+// ClientSource is a client's TLS configuration whose files are read again
+// for each new connection: a renewed client certificate, or new
+// authorities, are used from the next connection on, without a restart.
+// Create it with NewClientSource; it is safe for concurrent use.
+type ClientSource struct{ w *watched }
+
+// NewClientSource reads f's files (an error names the file and the reason).
+// onLoad, when not nil, is called with every load, the first included (see
+// NewServer).
+func NewClientSource(f ClientFiles, onLoad func(Loaded)) (*ClientSource, error) {
+	if (f.Cert == "") != (f.Key == "") {
+		return nil, errors.New("a client certificate needs both the certificate and the key file")
+	}
+	w, err := newWatched(fileSet{cert: f.Cert, key: f.Key, ca: f.CA}, f.build, onLoad)
+	if err != nil {
+		return nil, err
+	}
+	return &ClientSource{w: w}, nil
+}
+
+// Config returns the configuration for a new connection, after reading the
+// files (a few kilobytes; parsed again only when they changed). A set that
+// does not load leaves the last good one in use.
+func (c *ClientSource) Config() *tls.Config { return c.w.current() }
+
+// build makes a client's configuration of c, f's files.
+func (f ClientFiles) build(c contents) (*tls.Config, *x509.Certificate, error) {
+	if c.err != nil {
+		return nil, nil, c.err
+	}
 	cfg := &tls.Config{
 		MinVersion:         tls.VersionTLS12,
 		ServerName:         f.ServerName,
 		InsecureSkipVerify: f.Insecure, //nolint:gosec // the operator's explicit choice
 	}
 	if f.CA != "" {
-		pool, err := loadPool(f.CA)
+		pool, err := certPool(c.ca, "authorities", f.CA)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		cfg.RootCAs = pool
 	}
-	switch {
-	case f.Cert != "" && f.Key != "":
-		cert, err := loadPair(f.Cert, f.Key)
+	var leaf *x509.Certificate
+	if f.Cert != "" {
+		cert, err := keyPair(c, f.Cert, f.Key)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		cfg.Certificates = []tls.Certificate{cert}
-	case f.Cert != "" || f.Key != "":
-		return nil, errors.New("a client certificate needs both the certificate and the key file")
+		cfg.Certificates, leaf = []tls.Certificate{cert}, cert.Leaf
 	}
-	return cfg, nil
+	return cfg, leaf, nil
 }
 
 // ServerFiles configure a server's TLS.
@@ -177,26 +216,16 @@ type Loaded struct {
 	Restored bool
 	// Err is why the files did not load (the previous ones stay in use).
 	Err error
-	// Subject and NotAfter describe the certificate now served (after a
-	// failure, the previous one).
+	// Subject and NotAfter describe the certificate now served, or
+	// presented by a client (after a failure, the previous one); empty for
+	// a client without a certificate.
 	Subject  string
 	NotAfter time.Time
 }
 
 // Server is a server's TLS configuration whose files are read again when
 // they change. Create it with NewServer; it is safe for concurrent use.
-type Server struct {
-	files  ServerFiles
-	onLoad func(Loaded)
-	reads  atomic.Uint64 // numbers each read of the files
-
-	mu       sync.Mutex
-	cfg      *tls.Config // served; never nil
-	leaf     *x509.Certificate
-	stamp    string // the files' stamp when cfg was read
-	badStamp string // the stamp of the last set that failed to load
-	applied  uint64 // the number of the last read applied
-}
+type Server struct{ w *watched }
 
 // NewServer reads f's files (an error names the file and the reason) and
 // returns the server's configuration. onLoad, when not nil, is called with
@@ -209,15 +238,11 @@ func NewServer(f ServerFiles, onLoad func(Loaded)) (*Server, error) {
 	case len(f.ClientSANs) > 0 && f.ClientCA == "":
 		return nil, errors.New("client names to accept are set, but no authority for client certificates")
 	}
-	s := &Server{files: f, onLoad: onLoad}
-	c := s.read()
-	cfg, leaf, err := s.parse(c)
+	w, err := newWatched(fileSet{cert: f.Cert, key: f.Key, ca: f.ClientCA}, f.build, onLoad)
 	if err != nil {
 		return nil, err
 	}
-	s.cfg, s.leaf, s.stamp, s.applied = cfg, leaf, c.stamp, c.n
-	s.report(Loaded{Initial: true})
-	return s, nil
+	return &Server{w: w}, nil
 }
 
 // Config returns the configuration to give gRPC's credentials.NewTLS (which
@@ -225,64 +250,134 @@ func NewServer(f ServerFiles, onLoad func(Loaded)) (*Server, error) {
 // the files' current certificate, authorities and names.
 func (s *Server) Config() *tls.Config {
 	return &tls.Config{
-		MinVersion:         tls.VersionTLS12,
-		GetConfigForClient: s.configForClient,
+		MinVersion: tls.VersionTLS12,
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			return s.w.current(), nil
+		},
 	}
 }
 
-// configForClient reads the files and, when they changed, parses them,
-// all outside the lock, so that a slow read holds up its own handshake
-// only; the lock guards the comparison and the swap.
-func (s *Server) configForClient(*tls.ClientHelloInfo) (*tls.Config, error) {
-	c := s.read()
-	s.mu.Lock()
-	if c.stamp == s.stamp || c.stamp == s.badStamp {
-		if c.stamp == s.stamp && s.badStamp != "" && c.n > s.applied {
-			s.badStamp, s.applied = "", c.n
-			s.report(Loaded{Restored: true})
-		}
-		cfg := s.cfg
-		s.mu.Unlock()
-		return cfg, nil
+// build makes a server's configuration of c, f's files.
+func (f ServerFiles) build(c contents) (*tls.Config, *x509.Certificate, error) {
+	if c.err != nil {
+		return nil, nil, c.err
 	}
-	s.mu.Unlock()
+	cert, err := keyPair(c, f.Cert, f.Key)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg := &tls.Config{
+		MinVersion:   tls.VersionTLS12,
+		Certificates: []tls.Certificate{cert},
+	}
+	if f.ClientCA != "" {
+		pool, err := certPool(c.ca, "client authorities", f.ClientCA)
+		if err != nil {
+			return nil, nil, err
+		}
+		cfg.ClientCAs = pool
+		cfg.ClientAuth = tls.RequireAndVerifyClientCert
+		if len(f.ClientSANs) > 0 {
+			cfg.VerifyConnection = verifyClientNames(f.ClientSANs)
+		}
+	}
+	return cfg, cert.Leaf, nil
+}
 
-	cfg, leaf, err := s.parse(c)
+// fileSet names the files of one configuration: a certificate and its key,
+// and authorities; any may be empty.
+type fileSet struct{ cert, key, ca string }
+
+// watched is a TLS configuration built from files and built again when
+// they change: a server's, whose every handshake asks for it, or a
+// client's, asked for at each new connection. The files are read at each
+// request. A set that does not load (a half-written renewal, a key that
+// does not match the certificate) leaves the last good one in use, is
+// reported once, and is tried again when the files change again.
+type watched struct {
+	files  fileSet
+	build  func(contents) (*tls.Config, *x509.Certificate, error)
+	onLoad func(Loaded)
+	reads  atomic.Uint64 // numbers each read of the files
+
+	mu       sync.Mutex
+	cfg      *tls.Config // in use; never nil
+	leaf     *x509.Certificate
+	stamp    string // the files' stamp when cfg was read
+	badStamp string // the stamp of the last set that failed to load
+	applied  uint64 // the number of the last read applied
+}
+
+// newWatched reads and builds the files a first time; an error names the
+// file and the reason.
+func newWatched(files fileSet, build func(contents) (*tls.Config, *x509.Certificate, error), onLoad func(Loaded)) (*watched, error) {
+	w := &watched{files: files, build: build, onLoad: onLoad}
+	c := w.read()
+	cfg, leaf, err := build(c)
+	if err != nil {
+		return nil, err
+	}
+	w.cfg, w.leaf, w.stamp, w.applied = cfg, leaf, c.stamp, c.n
+	w.report(Loaded{Initial: true})
+	return w, nil
+}
+
+// current reads the files and, when they changed, builds them, all outside
+// the lock, so that a slow read holds up its own handshake only; the lock
+// guards the comparison and the swap.
+func (w *watched) current() *tls.Config {
+	c := w.read()
+	w.mu.Lock()
+	if c.stamp == w.stamp || c.stamp == w.badStamp {
+		if c.stamp == w.stamp && w.badStamp != "" && c.n > w.applied {
+			w.badStamp, w.applied = "", c.n
+			w.report(Loaded{Restored: true})
+		}
+		cfg := w.cfg
+		w.mu.Unlock()
+		return cfg
+	}
+	w.mu.Unlock()
+
+	cfg, leaf, err := w.build(c)
 	if err != nil {
 		// A renewal read between its certificate and its key (two
 		// files, two reads) is whole a moment later: read once more
 		// before calling it a failure.
-		if again := s.read(); again.stamp != c.stamp {
+		if again := w.read(); again.stamp != c.stamp {
 			c = again
-			cfg, leaf, err = s.parse(c)
+			cfg, leaf, err = w.build(c)
 		}
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if c.n <= s.applied {
-		// A later read was applied while this one was parsed.
-		return s.cfg, nil
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if c.n <= w.applied {
+		// A later read was applied while this one was built.
+		return w.cfg
 	}
-	s.applied = c.n
+	w.applied = c.n
 	if err != nil {
-		s.badStamp = c.stamp
+		w.badStamp = c.stamp
 	} else {
-		s.cfg, s.leaf, s.stamp, s.badStamp = cfg, leaf, c.stamp, ""
+		w.cfg, w.leaf, w.stamp, w.badStamp = cfg, leaf, c.stamp, ""
 	}
-	s.report(Loaded{Err: err})
-	return s.cfg, nil
+	w.report(Loaded{Err: err})
+	return w.cfg
 }
 
-// report tells onLoad of l, with the served certificate; s.mu is held (or
-// s is not yet shared).
-func (s *Server) report(l Loaded) {
-	if s.onLoad != nil {
-		l.Subject, l.NotAfter = s.leaf.Subject.String(), s.leaf.NotAfter
-		s.onLoad(l)
+// report tells onLoad of l, with the certificate in use; w.mu is held (or
+// w is not yet shared).
+func (w *watched) report(l Loaded) {
+	if w.onLoad == nil {
+		return
 	}
+	if w.leaf != nil {
+		l.Subject, l.NotAfter = w.leaf.Subject.String(), w.leaf.NotAfter
+	}
+	w.onLoad(l)
 }
 
-// contents are the files of a server as read at one instant.
+// contents are the files of a configuration as read at one instant.
 type contents struct {
 	n             uint64 // the read's number: later reads have larger ones
 	cert, key, ca []byte
@@ -295,13 +390,13 @@ type contents struct {
 	stamp string
 }
 
-func (s *Server) read() contents {
-	c := contents{n: s.reads.Add(1)}
+func (w *watched) read() contents {
+	c := contents{n: w.reads.Add(1)}
 	var b strings.Builder
 	for _, f := range []struct {
 		name string
 		dst  *[]byte
-	}{{s.files.Cert, &c.cert}, {s.files.Key, &c.key}, {s.files.ClientCA, &c.ca}} {
+	}{{w.files.cert, &c.cert}, {w.files.key, &c.key}, {w.files.ca, &c.ca}} {
 		if f.name == "" {
 			continue
 		}
@@ -334,36 +429,19 @@ func readRegular(name string) ([]byte, error) {
 	return os.ReadFile(name)
 }
 
-// parse makes a complete configuration of c.
-func (s *Server) parse(c contents) (*tls.Config, *x509.Certificate, error) {
-	if c.err != nil {
-		return nil, nil, c.err // os.ReadFile's error names the file
-	}
+// keyPair parses c's certificate and key, read from certFile and keyFile
+// (which name them in an error), with the leaf certificate parsed.
+func keyPair(c contents, certFile, keyFile string) (tls.Certificate, error) {
 	cert, err := tls.X509KeyPair(c.cert, c.key)
 	if err != nil {
-		return nil, nil, fmt.Errorf("certificate %s with key %s: %w", s.files.Cert, s.files.Key, err)
+		return cert, fmt.Errorf("certificate %s with key %s: %w", certFile, keyFile, err)
 	}
-	leaf, err := x509.ParseCertificate(cert.Certificate[0])
-	if err != nil {
-		return nil, nil, fmt.Errorf("certificate %s: %w", s.files.Cert, err)
-	}
-	cert.Leaf = leaf
-	cfg := &tls.Config{
-		MinVersion:   tls.VersionTLS12,
-		Certificates: []tls.Certificate{cert},
-	}
-	if s.files.ClientCA != "" {
-		pool, err := certPool(c.ca, "client authorities", s.files.ClientCA)
-		if err != nil {
-			return nil, nil, err
-		}
-		cfg.ClientCAs = pool
-		cfg.ClientAuth = tls.RequireAndVerifyClientCert
-		if len(s.files.ClientSANs) > 0 {
-			cfg.VerifyConnection = verifyClientNames(s.files.ClientSANs)
+	if cert.Leaf == nil {
+		if cert.Leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+			return cert, fmt.Errorf("certificate %s: %w", certFile, err)
 		}
 	}
-	return cfg, leaf, nil
+	return cert, nil
 }
 
 // verifyClientNames accepts a connection whose (verified) client
@@ -400,22 +478,6 @@ func SANs(c *x509.Certificate) []string {
 		out = append(out, ip.String())
 	}
 	return append(out, c.EmailAddresses...)
-}
-
-func loadPair(certFile, keyFile string) (tls.Certificate, error) {
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		return cert, fmt.Errorf("certificate %s with key %s: %w", certFile, keyFile, err)
-	}
-	return cert, nil
-}
-
-func loadPool(file string) (*x509.CertPool, error) {
-	pem, err := os.ReadFile(file)
-	if err != nil {
-		return nil, fmt.Errorf("authorities: %w", err)
-	}
-	return certPool(pem, "authorities", file)
 }
 
 // certPool parses the authorities read from file; what names them in an

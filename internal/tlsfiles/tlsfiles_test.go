@@ -21,8 +21,9 @@ import (
 // outcome is one handshake seen from both ends.
 type outcome struct {
 	client, server error
-	// served is the certificate the client received.
-	served *x509.Certificate
+	// served is the certificate the client received; presented, the one
+	// the server received (nil without one).
+	served, presented *x509.Certificate
 }
 
 // handshake runs one TLS handshake on loopback between a client with cfg
@@ -34,15 +35,20 @@ func handshake(t *testing.T, srv *tlsfiles.Server, cfg *tls.Config) outcome {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	serverErr := make(chan error, 1)
+	serverSide := make(chan outcome, 1)
 	go func() {
 		conn, err := ln.Accept()
 		if err != nil {
-			serverErr <- err
+			serverSide <- outcome{server: err}
 			return
 		}
 		defer conn.Close()
-		serverErr <- tls.Server(conn, srv.Config()).Handshake()
+		sc := tls.Server(conn, srv.Config())
+		o := outcome{server: sc.Handshake()}
+		if peer := sc.ConnectionState().PeerCertificates; len(peer) > 0 {
+			o.presented = peer[0]
+		}
+		serverSide <- o
 	}()
 	var o outcome
 	conn, err := tls.Dial("tcp", ln.Addr().String(), cfg)
@@ -56,7 +62,8 @@ func handshake(t *testing.T, srv *tlsfiles.Server, cfg *tls.Config) outcome {
 		conn.Close()
 	}
 	o.client = err
-	o.server = <-serverErr
+	s := <-serverSide
+	o.server, o.presented = s.server, s.presented
 	return o
 }
 
@@ -257,6 +264,94 @@ func TestServerMutualTLS(t *testing.T) {
 		case !tc.want && (o.server == nil || !strings.Contains(o.server.Error(), tc.refusalMention)):
 			t.Errorf("names %v, %s: server error %v, want one saying %q", tc.sans, tc.certFile, o.server, tc.refusalMention)
 		}
+	}
+}
+
+// TestClientSourceReadsRenewedFiles: a client source presents a renewed
+// client certificate, and trusts new authorities, from the next connection
+// on; a set that does not load leaves the last good one in use and is
+// reported once, and the files put back end the failure.
+func TestClientSourceReadsRenewedFiles(t *testing.T) {
+	a, b := testenv.NewTLSFiles(t), testenv.NewTLSFiles(t)
+	renewedCert, renewedKey := a.RenewClient(t)
+	dir := t.TempDir()
+	ca, cert, key := filepath.Join(dir, "ca.crt"), filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	testenv.CopyFile(t, a.CA, ca)
+	testenv.CopyFile(t, a.ClientCert, cert)
+	testenv.CopyFile(t, a.ClientKey, key)
+	var got loads
+	src, err := tlsfiles.NewClientSource(tlsfiles.ClientFiles{CA: ca, Cert: cert, Key: key, ServerName: "localhost"}, got.record)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := testenv.Certificate(t, a.ClientCert)
+	if len(got) != 1 || !got[0].Initial || got[0].Subject != first.Subject.String() || !got[0].NotAfter.Equal(first.NotAfter) {
+		t.Fatalf("loads at start = %+v, want one initial load of %s until %v", got, first.Subject, first.NotAfter)
+	}
+	server := func(f tlsfiles.ServerFiles) *tlsfiles.Server {
+		t.Helper()
+		srv, err := tlsfiles.NewServer(f, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return srv
+	}
+	// A's server asks for a client certificate A signed: the first and
+	// the renewal alike.
+	serverA := server(tlsfiles.ServerFiles{Cert: a.Cert, Key: a.Key, ClientCA: a.CA})
+	presents := func(step, want string) {
+		t.Helper()
+		o := handshake(t, serverA, src.Config())
+		if o.client != nil || o.server != nil {
+			t.Fatalf("%s: handshake: client %v, server %v", step, o.client, o.server)
+		}
+		if w := testenv.Certificate(t, want); o.presented == nil || !bytes.Equal(o.presented.Raw, w.Raw) {
+			t.Fatalf("%s: the client presented %v, want %s's (serial %v)", step, o.presented, want, w.SerialNumber)
+		}
+	}
+	presents("start", a.ClientCert)
+
+	testenv.CopyFile(t, renewedCert, cert)
+	testenv.CopyFile(t, renewedKey, key)
+	presents("renewed", renewedCert)
+	renewed := testenv.Certificate(t, renewedCert)
+	if len(got) != 2 || got[1].Err != nil || got[1].Initial || !got[1].NotAfter.Equal(renewed.NotAfter) {
+		t.Fatalf("loads after the renewal = %+v, want a second, successful one until %v", got, renewed.NotAfter)
+	}
+
+	// Half-written: the old certificate with the renewal's key.
+	testenv.CopyFile(t, a.ClientCert, cert)
+	presents("half-written", renewedCert)
+	presents("half-written, again", renewedCert)
+	if len(got) != 3 || got[2].Err == nil || !strings.Contains(got[2].Err.Error(), cert) {
+		t.Fatalf("loads after a mismatched pair = %+v, want one failure naming %s", got, cert)
+	}
+	testenv.CopyFile(t, renewedCert, cert)
+	presents("put back", renewedCert)
+	if len(got) != 4 || !got[3].Restored {
+		t.Fatalf("loads after the files were put back = %+v, want a fourth, restoring the set in use", got)
+	}
+
+	// New authorities: B's server is trusted from the next connection on,
+	// A's no longer.
+	testenv.CopyFile(t, b.CA, ca)
+	if o := handshake(t, serverA, src.Config()); o.client == nil {
+		t.Error("after the authorities changed to B, the client trusted A's server")
+	}
+	if o := handshake(t, server(tlsfiles.ServerFiles{Cert: b.Cert, Key: b.Key}), src.Config()); o.client != nil || o.server != nil {
+		t.Errorf("after the authorities changed to B, B's server: client %v, server %v", o.client, o.server)
+	}
+	if len(got) != 5 || got[4].Err != nil {
+		t.Fatalf("loads after the authorities changed = %+v, want a fifth, successful one", got)
+	}
+
+	// A source without a client certificate reports none.
+	var bare loads
+	if _, err := tlsfiles.NewClientSource(tlsfiles.ClientFiles{CA: a.CA}, bare.record); err != nil {
+		t.Fatal(err)
+	}
+	if len(bare) != 1 || bare[0].Subject != "" || !bare[0].NotAfter.IsZero() {
+		t.Errorf("loads of a source without a certificate = %+v, want one without a subject or expiry", bare)
 	}
 }
 

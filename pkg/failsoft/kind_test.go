@@ -76,7 +76,7 @@ func TestErrorKindTLS(t *testing.T) {
 			if c.tls12 {
 				cfg.MaxVersion = tls.VersionTLS12
 			}
-			b, err := redisbackend.New(redisbackend.Options{URL: "rediss://" + r.TLSAddr, TLS: cfg, Timeout: 10 * time.Second})
+			b, err := redisbackend.New(redisbackend.Options{URL: "rediss://" + r.TLSAddr, TLS: func() *tls.Config { return cfg }, Timeout: 10 * time.Second})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -332,30 +332,52 @@ func (t *timedDeadlineLimiter) CheckBy(ctx context.Context, by time.Time, reqs [
 	return err
 }
 
+// TLSFiles records the loads of one set of TLS files: a server's
+// certificate, key and client authorities, or a client's.
+type TLSFiles struct {
+	reloads  reloads
+	notAfter prometheus.Gauge // nil without a certificate
+}
+
+// Loaded records one load of the TLS files: initial is true for the load at
+// start (which sets the gauges but is not counted as a reload); notAfter is
+// the expiry of the certificate in use after it.
+func (t *TLSFiles) Loaded(initial, ok bool, notAfter time.Time) {
+	t.reloads.record(initial, ok)
+	if t.notAfter != nil {
+		t.notAfter.Set(float64(notAfter.Unix()))
+	}
+}
+
+// Restored records that the TLS files hold the set in use again after a
+// set that failed to load: the failure is over, and nothing was reloaded.
+func (t *TLSFiles) Restored() { t.reloads.restored() }
+
 // ListenerTLS records the TLS of the gRPC listener. Create it with
 // Metrics.ListenerTLS, only when the listener serves TLS.
 type ListenerTLS struct {
-	reloads           reloads
-	notAfter          prometheus.Gauge
+	TLSFiles
 	handshakeFailures prometheus.Counter
 }
 
 // ListenerTLS registers the metrics of the gRPC listener's TLS.
 func (m *Metrics) ListenerTLS() (*ListenerTLS, error) {
 	t := &ListenerTLS{
-		reloads: newReloads(
-			prometheus.CounterOpts{
-				Name: "envoy_rls_grpc_tls_reloads_total",
-				Help: "Loads of the gRPC listener's certificate, key and client authorities after the first, by result (success, failure): they are read again when a handshake finds the files changed. After a failure the previous ones are still served.",
-			},
-			prometheus.GaugeOpts{
-				Name: "envoy_rls_grpc_tls_last_reload_successful",
-				Help: "0 while the gRPC listener's TLS files hold a set that failed to load (the previous certificate is still served); 1 once a good set loads or the files are reverted to the served one.",
+		TLSFiles: TLSFiles{
+			reloads: newReloads(
+				prometheus.CounterOpts{
+					Name: "envoy_rls_grpc_tls_reloads_total",
+					Help: "Loads of the gRPC listener's certificate, key and client authorities after the first, by result (success, failure): they are read again when a handshake finds the files changed. After a failure the previous ones are still served.",
+				},
+				prometheus.GaugeOpts{
+					Name: "envoy_rls_grpc_tls_last_reload_successful",
+					Help: "0 while the gRPC listener's TLS files hold a set that failed to load (the previous certificate is still served); 1 once a good set loads or the files are reverted to the served one.",
+				}),
+			notAfter: prometheus.NewGauge(prometheus.GaugeOpts{
+				Name: "envoy_rls_grpc_tls_certificate_expiry_timestamp_seconds",
+				Help: "Unix time at which the certificate the gRPC listener serves expires (its NotAfter).",
 			}),
-		notAfter: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "envoy_rls_grpc_tls_certificate_expiry_timestamp_seconds",
-			Help: "Unix time at which the certificate the gRPC listener serves expires (its NotAfter).",
-		}),
+		},
 		handshakeFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "envoy_rls_grpc_tls_handshake_failures_total",
 			Help: "Connections to the gRPC listener closed because their TLS handshake failed: a client that does not trust the certificate, presents none or one that is refused, or does not speak TLS. Each is logged with the client's address. A connection closed without a word (EOF: a TCP probe) is not counted.",
@@ -367,17 +389,34 @@ func (m *Metrics) ListenerTLS() (*ListenerTLS, error) {
 	return t, nil
 }
 
-// Loaded records one load of the TLS files: initial is true for the load at
-// start (which sets the gauges but is not counted as a reload); notAfter is
-// the expiry of the certificate served after it.
-func (t *ListenerTLS) Loaded(initial, ok bool, notAfter time.Time) {
-	t.reloads.record(initial, ok)
-	t.notAfter.Set(float64(notAfter.Unix()))
+// RedisTLS registers the metrics of the TLS files envoy-rls dials Redis
+// with; withCert when they include a client certificate, whose expiry is
+// then exported.
+func (m *Metrics) RedisTLS(withCert bool) (*TLSFiles, error) {
+	t := &TLSFiles{
+		reloads: newReloads(
+			prometheus.CounterOpts{
+				Name: "envoy_rls_redis_tls_reloads_total",
+				Help: "Loads of the Redis client's TLS files (authorities, client certificate and key) after the first, by result (success, failure): they are read again when a new connection to Redis finds them changed. After a failure the previous ones are still used.",
+			},
+			prometheus.GaugeOpts{
+				Name: "envoy_rls_redis_tls_last_reload_successful",
+				Help: "0 while the Redis client's TLS files hold a set that failed to load (new connections still use the previous one); 1 once a good set loads or the files are reverted to the one in use.",
+			}),
+	}
+	collectors := []prometheus.Collector{t.reloads.total, t.reloads.lastOK}
+	if withCert {
+		t.notAfter = prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "envoy_rls_redis_tls_client_certificate_expiry_timestamp_seconds",
+			Help: "Unix time at which the client certificate presented to Redis expires (its NotAfter).",
+		})
+		collectors = append(collectors, t.notAfter)
+	}
+	if err := m.register(collectors...); err != nil {
+		return nil, err
+	}
+	return t, nil
 }
-
-// Restored records that the TLS files hold the served set again after a
-// set that failed to load: the failure is over, and nothing was reloaded.
-func (t *ListenerTLS) Restored() { t.reloads.restored() }
 
 // HandshakeFailed counts one failed TLS handshake.
 func (t *ListenerTLS) HandshakeFailed() { t.handshakeFailures.Inc() }

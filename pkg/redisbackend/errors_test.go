@@ -33,7 +33,7 @@ func TestOptionsValidation(t *testing.T) {
 		{"unix socket without a path", Options{URL: "unix://"}, []string{"--redis.url", "empty unix socket path"}},
 		{"unix socket with a host", Options{URL: "unix://var/run/redis.sock"}, []string{"names a host (var)", "unix:///absolute/path"}},
 		{"unix socket path too long", Options{URL: "unix:///" + strings.Repeat("d", 120)}, []string{"is 121 bytes, longer than a Unix socket address holds (107)"}},
-		{"unix socket with TLS", Options{URL: "unix:///run/redis/redis.sock", TLS: &tls.Config{}}, []string{"--redis.url /run/redis/redis.sock is a Unix socket", "remove the --redis.tls.* flags"}},
+		{"unix socket with TLS", Options{URL: "unix:///run/redis/redis.sock", TLS: func() *tls.Config { return &tls.Config{} }}, []string{"--redis.url /run/redis/redis.sock is a Unix socket", "remove the --redis.tls.* flags"}},
 		{"empty address", Options{ClusterAddrs: []string{"a:1", " "}}, []string{"empty addresses"}},
 		{"brace prefix", Options{URL: "redis://x:1", KeyPrefix: "a{b}:"}, []string{"--redis.key-prefix"}},
 		{"negative pool", Options{URL: "redis://x:1", PoolSize: -1}, []string{"--redis.pool-size -1 is negative"}},

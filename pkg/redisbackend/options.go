@@ -1,9 +1,11 @@
 package redisbackend
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"strings"
 	"time"
@@ -47,10 +49,13 @@ type Options struct {
 	// credentials of URL.
 	Username string
 	Password string
-	// TLS enables TLS with this configuration (internal/tlsfiles.Client
-	// builds it from PEM files, as --redis.tls.* do). With a rediss:// URL
-	// and a nil TLS, go-redis's default TLS configuration is used.
-	TLS *tls.Config
+	// TLS, when set, enables TLS: it is called as each connection is
+	// dialled, for that connection's configuration, so that renewed
+	// certificates and authorities are used from the next connection on
+	// (internal/tlsfiles.ClientSource.Config reads them from the PEM files
+	// of --redis.tls.*). With a rediss:// URL and a nil TLS, go-redis's
+	// default TLS configuration is used.
+	TLS func() *tls.Config
 	// PoolSize is the maximum number of connections per Redis node; 0
 	// means go-redis's default (10 per CPU).
 	PoolSize int
@@ -194,7 +199,7 @@ func (o *Options) newClient(topo topology) (redis.UniversalClient, error) {
 			Addrs:                 o.ClusterAddrs,
 			Username:              o.Username,
 			Password:              o.Password,
-			TLSConfig:             o.TLS,
+			Dialer:                o.dialer(0),
 			PoolSize:              o.PoolSize,
 			Protocol:              2,
 			MaxRetries:            -1,
@@ -209,7 +214,7 @@ func (o *Options) newClient(topo topology) (redis.UniversalClient, error) {
 			SentinelPassword:      o.SentinelPassword,
 			Username:              o.Username,
 			Password:              o.Password,
-			TLSConfig:             o.TLS,
+			Dialer:                o.dialer(0),
 			PoolSize:              o.PoolSize,
 			Protocol:              2,
 			MaxRetries:            -1,
@@ -233,7 +238,7 @@ func (o *Options) newClient(topo topology) (redis.UniversalClient, error) {
 			ro.Password = o.Password
 		}
 		if o.TLS != nil {
-			ro.TLSConfig = o.TLS
+			ro.TLSConfig, ro.Dialer = nil, o.dialer(ro.DialTimeout)
 		}
 		if o.PoolSize > 0 {
 			ro.PoolSize = o.PoolSize
@@ -252,6 +257,22 @@ func (o *Options) newClient(topo topology) (redis.UniversalClient, error) {
 		// have them off already.
 		ro.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 		return redis.NewClient(ro), nil
+	}
+}
+
+// dialer returns the go-redis dialer of connections on TLS, each with the
+// configuration o.TLS returns as it is dialled; nil, go-redis's own, when
+// TLS is not set. timeout bounds a dial (0: go-redis's default, 5 s).
+func (o *Options) dialer(timeout time.Duration) func(context.Context, string, string) (net.Conn, error) {
+	if o.TLS == nil {
+		return nil
+	}
+	if timeout == 0 {
+		timeout = 5 * time.Second
+	}
+	config := o.TLS
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return redis.NewDialer(&redis.Options{DialTimeout: timeout, TLSConfig: config()})(ctx, network, addr)
 	}
 }
 

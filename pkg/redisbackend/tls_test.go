@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -17,8 +18,7 @@ import (
 
 // TestTLS: a Redis that serves TLS and asks for a client certificate
 // (tls-auth-clients yes) is reached with the configuration --redis.tls.*
-// builds (tlsfiles.Client), on a
-// rediss:// URL and on a redis:// one alike (the configuration turns TLS
+// builds (tlsfiles.ClientSource), on a rediss:// URL and on a redis:// one alike (the configuration turns TLS
 // on): every connection the Backend opens came in on the TLS port, and four
 // instances hammering one key over TLS admit exactly the model's count for
 // every algorithm. A configuration Redis or the client must refuse is an
@@ -31,11 +31,11 @@ func TestTLS(t *testing.T) {
 	ctx := context.Background()
 	tlsConfig := func(t *testing.T, ca, cert, key, serverName string, insecure bool) Options {
 		t.Helper()
-		cfg, err := tlsfiles.Client(tlsfiles.ClientFiles{CA: ca, Cert: cert, Key: key, ServerName: serverName, Insecure: insecure})
+		src, err := tlsfiles.NewClientSource(tlsfiles.ClientFiles{CA: ca, Cert: cert, Key: key, ServerName: serverName, Insecure: insecure}, nil)
 		if err != nil {
-			t.Fatalf("tlsfiles.Client: %v", err)
+			t.Fatalf("tlsfiles.NewClientSource: %v", err)
 		}
-		return Options{URL: "rediss://" + r.TLSAddr, TLS: cfg, KeyPrefix: "tls:", Timeout: testTimeout}
+		return Options{URL: "rediss://" + r.TLSAddr, TLS: src.Config, KeyPrefix: "tls:", Timeout: testTimeout}
 	}
 	check := func(t *testing.T, o Options) ([]limiter.Result, error) {
 		t.Helper()
@@ -76,8 +76,12 @@ func TestTLS(t *testing.T) {
 		// Redis's alert.
 		refusedByRedis := []string{"remote error: tls", "connection reset by peer", "broken pipe", "EOF"}
 		tls12 := func(o Options) Options {
-			o.TLS = o.TLS.Clone()
-			o.TLS.MaxVersion = tls.VersionTLS12
+			config := o.TLS
+			o.TLS = func() *tls.Config {
+				cfg := config().Clone()
+				cfg.MaxVersion = tls.VersionTLS12
+				return cfg
+			}
 			return o
 		}
 		for _, c := range []struct {
@@ -221,11 +225,68 @@ func TestTLSSentinel(t *testing.T) {
 
 // mutualTLS is the configuration --redis.tls.* builds for f's servers: it
 // trusts f.CA and presents f's client certificate.
-func mutualTLS(t *testing.T, f *testenv.TLSFiles) *tls.Config {
+func mutualTLS(t *testing.T, f *testenv.TLSFiles) func() *tls.Config {
 	t.Helper()
-	cfg, err := tlsfiles.Client(tlsfiles.ClientFiles{CA: f.CA, Cert: f.ClientCert, Key: f.ClientKey})
+	src, err := tlsfiles.NewClientSource(tlsfiles.ClientFiles{CA: f.CA, Cert: f.ClientCert, Key: f.ClientKey}, nil)
 	if err != nil {
-		t.Fatalf("tlsfiles.Client: %v", err)
+		t.Fatalf("tlsfiles.NewClientSource: %v", err)
 	}
-	return cfg
+	return src.Config
+}
+
+// TestTLSRenewedFiles: the --redis.tls.* files are read again for each new
+// connection, so that a client certificate renewed in place is presented to
+// Redis without a restart. While the files hold another authority's
+// certificate, a new connection is refused by Redis (TLS 1.2, so that the
+// refusal is Redis's alert in the handshake, not a later closed
+// connection); once they hold the renewal, Checks succeed again, over TLS.
+func TestTLSRenewedFiles(t *testing.T) {
+	r := testenv.RedisServer(t, testenv.WithTLS(true))
+	other := testenv.NewTLSFiles(t)
+	renewedCert, renewedKey := r.TLS.RenewClient(t)
+	dir := t.TempDir()
+	files := tlsfiles.ClientFiles{CA: filepath.Join(dir, "ca.crt"), Cert: filepath.Join(dir, "tls.crt"), Key: filepath.Join(dir, "tls.key")}
+	put := func(cert, key string) {
+		testenv.CopyFile(t, cert, files.Cert)
+		testenv.CopyFile(t, key, files.Key)
+	}
+	testenv.CopyFile(t, r.TLS.CA, files.CA)
+	put(r.TLS.ClientCert, r.TLS.ClientKey)
+	src, err := tlsfiles.NewClientSource(files, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := openBackend(t, Options{URL: "rediss://" + r.TLSAddr, KeyPrefix: "tlsr:", Timeout: testTimeout,
+		TLS: func() *tls.Config {
+			cfg := src.Config().Clone()
+			cfg.MaxVersion = tls.VersionTLS12
+			return cfg
+		}})
+	ctx := context.Background()
+	check := func() error {
+		req := []limiter.Request{{Key: key(t.Name()), Limit: limiter.Limit{Requests: 1000, Window: time.Minute}, Hits: 1}}
+		return b.Check(ctx, req, make([]limiter.Result, 1))
+	}
+	if err := check(); err != nil {
+		t.Fatalf("with the first certificate: %v", err)
+	}
+	// Another authority's certificate, then every connection closed: the
+	// next one must present it, and is refused.
+	put(other.ClientCert, other.ClientKey)
+	if err := r.Client().ClientKillByFilter(ctx, "TYPE", "normal").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(func() error {
+		if err := check(); err == nil || !strings.Contains(err.Error(), "remote error: tls") {
+			return fmt.Errorf("Check = %v, want Redis's refusal of the certificate", err)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("with another authority's certificate in the files: %v", err)
+	}
+	put(renewedCert, renewedKey)
+	if err := waitFor(check); err != nil {
+		t.Fatalf("no successful Check after the renewal was written: %v", err)
+	}
+	r.CheckClientsOnTLS(t)
 }
