@@ -38,21 +38,6 @@ func applyEnv(fs *flag.FlagSet, lookup func(string) (string, bool)) error {
 	return nil
 }
 
-// listFlag is a comma-separated list flag (host:port,host:port).
-type listFlag []string
-
-func (l *listFlag) String() string { return strings.Join(*l, ",") }
-
-func (l *listFlag) Set(s string) error {
-	*l = (*l)[:0]
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			*l = append(*l, p)
-		}
-	}
-	return nil
-}
-
 // usageWithEnv prints the flags of fs with the environment variable of each.
 func usageWithEnv(fs *flag.FlagSet, synopsis string) func() {
 	return func() {

@@ -45,6 +45,15 @@ func TestServeFlagsFromEnvironment(t *testing.T) {
 	if o.configDir != "./config" || o.httpAddr != ":9090" || o.debugAddr != "127.0.0.1:6070" {
 		t.Errorf("defaults changed: %+v", o)
 	}
+	// Repeated list flags add up, and then the environment's value is not
+	// read: the command line wins.
+	o, err = parseServeFlags([]string{"--redis.url", "", "--redis.cluster-addrs", "d:4,e:5", "--redis.cluster-addrs", "f:6"}, io.Discard, lookup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := o.store.redisClusterAddrs.String(); got != "d:4,e:5,f:6" {
+		t.Errorf("--redis.cluster-addrs given twice: %s, want d:4,e:5,f:6", got)
+	}
 }
 
 func TestServeFlagsBadEnvironmentNamesVariable(t *testing.T) {

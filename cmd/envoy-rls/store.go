@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/envoy-rls/envoy-rls/internal/flagvalue"
 	"github.com/envoy-rls/envoy-rls/internal/tlsfiles"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
 	"github.com/envoy-rls/envoy-rls/pkg/memorybackend"
@@ -16,8 +17,8 @@ import (
 // storeOptions are the flags that choose and tune the counting store.
 type storeOptions struct {
 	redisURL            string
-	redisClusterAddrs   listFlag
-	redisSentinelAddrs  listFlag
+	redisClusterAddrs   flagvalue.List
+	redisSentinelAddrs  flagvalue.List
 	redisSentinelMaster string
 	redisUsername       string
 	redisPassword       string
@@ -37,8 +38,8 @@ type storeOptions struct {
 
 func (o *storeOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.redisURL, "redis.url", "", "single-node Redis: redis://[user:password@]host:port[/db], rediss:// for TLS, or unix:///path/to/redis.sock[?db=N] for a Redis on the same host; empty with no other --redis.* topology runs on the in-memory backend")
-	fs.Var(&o.redisClusterAddrs, "redis.cluster-addrs", "Redis Cluster seed nodes, host:port,host:port")
-	fs.Var(&o.redisSentinelAddrs, "redis.sentinel-addrs", "Redis Sentinel addresses, host:port,host:port (with --redis.sentinel-master)")
+	fs.Var(&o.redisClusterAddrs, "redis.cluster-addrs", "Redis Cluster seed nodes, host:port,host:port (comma-separated or repeated)")
+	fs.Var(&o.redisSentinelAddrs, "redis.sentinel-addrs", "Redis Sentinel addresses, host:port,host:port, comma-separated or repeated (with --redis.sentinel-master)")
 	fs.StringVar(&o.redisSentinelMaster, "redis.sentinel-master", "", "the master name Sentinel monitors")
 	fs.StringVar(&o.redisUsername, "redis.username", "", "Redis ACL user (overrides the URL's)")
 	fs.StringVar(&o.redisPassword, "redis.password", "", "Redis password (overrides the URL's); prefer the environment variable")

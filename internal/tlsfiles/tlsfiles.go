@@ -27,6 +27,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/envoy-rls/envoy-rls/internal/flagvalue"
 )
 
 // ClientFiles configure a client's TLS.
@@ -175,7 +177,7 @@ func (f *ServerFiles) Register(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&f.Cert, prefix+"cert", "", fmt.Sprintf("PEM certificate (with its chain) to serve TLS with (with --%skey); renewed files are read at the next handshake", prefix))
 	fs.StringVar(&f.Key, prefix+"key", "", fmt.Sprintf("PEM key of --%scert", prefix))
 	fs.StringVar(&f.ClientCA, prefix+"client-ca", "", fmt.Sprintf("PEM file of the authorities that sign client certificates: every client must present one (mutual TLS; needs --%scert)", prefix))
-	fs.Var((*names)(&f.ClientSANs), prefix+"client-san", fmt.Sprintf("names a client certificate must carry one of, comma-separated or repeated: host names or IP addresses it is valid for (a wildcard name in the certificate, *.edge.internal, covers gw-1.edge.internal), URIs (a SPIFFE ID) or e-mail addresses (needs --%sclient-ca)", prefix))
+	fs.Var((*flagvalue.List)(&f.ClientSANs), prefix+"client-san", fmt.Sprintf("names a client certificate must carry one of, comma-separated or repeated: host names or IP addresses it is valid for (a wildcard name in the certificate, *.edge.internal, covers gw-1.edge.internal), URIs (a SPIFFE ID) or e-mail addresses (needs --%sclient-ca)", prefix))
 }
 
 // CheckFlags refuses a partial setting of the flags Register registered
@@ -188,20 +190,6 @@ func (f ServerFiles) CheckFlags(prefix string) error {
 		return fmt.Errorf("--%[1]sclient-ca is set, but TLS is off: set --%[1]scert and --%[1]skey", prefix)
 	case len(f.ClientSANs) > 0 && f.ClientCA == "":
 		return fmt.Errorf("--%[1]sclient-san is set, but no --%[1]sclient-ca: client names are checked only in certificates an authority verified", prefix)
-	}
-	return nil
-}
-
-// names is a list flag: comma-separated, and repeated flags add up.
-type names []string
-
-func (n *names) String() string { return strings.Join(*n, ",") }
-
-func (n *names) Set(s string) error {
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			*n = append(*n, p)
-		}
 	}
 	return nil
 }
