@@ -31,6 +31,9 @@ func TestSelfTestRequestsEndToEnd(t *testing.T) {
 		t.Fatalf("got %d results (%+v), want the single ceiling run", len(rs), rs)
 	}
 	r := rs[0]
+	if r.TLS != "" {
+		t.Errorf("a plain-text run recorded TLS %q", r.TLS)
+	}
 	if r.Requests != 300 || r.OK != 300 || r.Errors != 0 || r.OverLimit != 0 || r.Descriptors != 2 {
 		t.Errorf("requests=%d ok=%d over=%d errors=%d descriptors=%d, want 300/300/0/0/2", r.Requests, r.OK, r.OverLimit, r.Errors, r.Descriptors)
 	}

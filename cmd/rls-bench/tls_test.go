@@ -106,6 +106,11 @@ func TestTLSAgainstServeNoop(t *testing.T) {
 	if !rs[0].Ceiling || rs[1].Ceiling {
 		t.Errorf("want the ceiling run, then the target's: %+v", rs)
 	}
+	for _, r := range rs {
+		if r.TLS != "tls" {
+			t.Errorf("%s: recorded TLS %q, want tls", r.Label, r.TLS)
+		}
+	}
 
 	// --tls.server-name: the certificate's other name.
 	code, stdout, stderr = loadRun(append([]string{"--addr", addr, "--tls.ca", files.CA, "--tls.server-name", "localhost", "--json"}, short...)...)
@@ -148,7 +153,9 @@ func TestMutualTLSAgainstServeNoop(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit code %d:\n%s", code, stderr)
 	}
-	checkAllOK(t, stdout, 1)
+	if r := checkAllOK(t, stdout, 1)[0]; r.TLS != "mutual" {
+		t.Errorf("recorded TLS %q, want mutual", r.TLS)
+	}
 
 	// The reason varies: in TLS 1.3 the client's handshake is over before
 	// the server refuses it, so the client may first see the refusal

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"cmp"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,7 +18,8 @@ import (
 type Result struct {
 	Label       string           `json:"label"`
 	Target      string           `json:"target"`
-	Mode        string           `json:"mode"` // "closed" or "open"
+	TLS         string           `json:"tls,omitempty"` // "tls", or "mutual" with a client certificate; "" in plain text
+	Mode        string           `json:"mode"`          // "closed" or "open"
 	Callers     int              `json:"callers"`
 	Connections int              `json:"connections"`
 	Descriptors int              `json:"descriptors"`               // descriptors per request
@@ -83,12 +85,25 @@ type Wait struct {
 	MicrosPerReq float64 `json:"us_per_req"`
 }
 
+// tlsMode is Result.TLS for a client's configuration.
+func tlsMode(cfg *tls.Config) string {
+	switch {
+	case cfg == nil:
+		return ""
+	case len(cfg.Certificates) > 0 || cfg.GetClientCertificate != nil:
+		return "mutual"
+	default:
+		return "tls"
+	}
+}
+
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 func newResult(o Options, m measurement, before, after []reading) *Result {
 	r := &Result{
 		Label:       o.Label,
 		Target:      o.Addr,
+		TLS:         tlsMode(o.TLS),
 		Mode:        o.Mode(),
 		Callers:     o.Concurrency,
 		Connections: o.Connections,
@@ -164,13 +179,13 @@ func (r *Result) SetCeiling(ceilingRPS float64) {
 // stack: a run of three descriptors compared with a one-descriptor ceiling
 // would be charged for decoding the two others as if it were rate limiting.
 func ceilingKey(r *Result) string {
-	return fmt.Sprintf("%s/%d/%g/%d", r.Mode, r.Callers, r.Rate, r.Descriptors)
+	return fmt.Sprintf("%s/%d/%g/%d/%s", r.Mode, r.Callers, r.Rate, r.Descriptors, r.TLS)
 }
 
 // FillCeilings sets CeilingRPS/CeilingFraction of every non-ceiling result
-// that lacks them from the ceiling result with the same mode, callers, rate
-// and descriptors per request (the last such, when there are several); a
-// result without one keeps none.
+// that lacks them from the ceiling result with the same mode, callers, rate,
+// descriptors per request and TLS (the last such, when there are several);
+// a result without one keeps none.
 func FillCeilings(rs []*Result) {
 	ceil := map[string]float64{}
 	for _, r := range rs {
@@ -185,7 +200,7 @@ func FillCeilings(rs []*Result) {
 	}
 }
 
-// Medians combines repeated runs of the same load (label, target, mode,
+// Medians combines repeated runs of the same load (label, target, TLS, mode,
 // callers, rate and decoding) into one result each, in the order each load first
 // appears: every rate, latency and CPU figure is the median of the runs
 // (the mean of the two middle ones for an even count), the counts are
@@ -193,15 +208,15 @@ func FillCeilings(rs []*Result) {
 // Ceiling fields are cleared; FillCeilings sets them from the medians.
 func Medians(rs []*Result) []*Result {
 	type key struct {
-		label, target, mode string
-		callers             int
-		rate                float64
-		fullDecode          bool
+		label, target, tls, mode string
+		callers                  int
+		rate                     float64
+		fullDecode               bool
 	}
 	var order []key
 	groups := map[key][]*Result{}
 	for _, r := range rs {
-		k := key{r.Label, r.Target, r.Mode, r.Callers, r.Rate, r.FullDecode}
+		k := key{r.Label, r.Target, r.TLS, r.Mode, r.Callers, r.Rate, r.FullDecode}
 		if _, ok := groups[k]; !ok {
 			order = append(order, k)
 		}
@@ -393,8 +408,12 @@ func WriteTable(w io.Writer, rs []*Result) error {
 		case r.CeilingRPS > 0:
 			ceiling = fmt.Sprintf("%.0f%%", 100*r.CeilingFraction)
 		}
+		target := r.Target
+		if r.TLS != "" {
+			target += " (" + r.TLS + ")"
+		}
 		row := []string{
-			r.Label, r.Target, callers, fmt.Sprintf("%.0f", r.RPS),
+			r.Label, target, callers, fmt.Sprintf("%.0f", r.RPS),
 			lat(r.P50), lat(r.P90), lat(r.P99), lat(r.P999), lat(r.Max),
 			fmt.Sprint(r.OK), fmt.Sprint(r.OverLimit), errCell(r), ceiling,
 		}

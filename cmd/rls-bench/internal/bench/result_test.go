@@ -26,6 +26,11 @@ func TestResultsJSONRoundTripAndCeilings(t *testing.T) {
 		{Label: "ceiling3", Mode: "closed", Callers: 16, Descriptors: 3, RPS: 32000, Ceiling: true},
 		{Label: "three", Mode: "closed", Callers: 16, Descriptors: 3, RPS: 16000},
 		{Label: "three64", Mode: "closed", Callers: 64, Descriptors: 3, RPS: 20000},
+		// On TLS: a ceiling of its own at 16 callers (after the plain one,
+		// which it must not replace), none at 64.
+		{Label: "ceiling-tls", Target: "t", TLS: "tls", Mode: "closed", Callers: 16, RPS: 36000, Ceiling: true},
+		{Label: "one-key-tls", Target: "t", TLS: "tls", Mode: "closed", Callers: 16, RPS: 9000},
+		{Label: "one-key-tls64", Target: "t", TLS: "mutual", Mode: "closed", Callers: 64, RPS: 9000},
 	}
 	var buf bytes.Buffer
 	if err := WriteJSON(&buf, in); err != nil {
@@ -46,6 +51,9 @@ func TestResultsJSONRoundTripAndCeilings(t *testing.T) {
 		var want float64
 		switch {
 		case r.Ceiling || r.Mode == "open": // no ceiling run for open loop at 3000/s
+		case r.TLS == "tls":
+			want = in[8].RPS
+		case r.TLS != "": // not a plain-text ceiling
 		case r.Descriptors == 3 && r.Callers == 16:
 			want = in[5].RPS
 		case r.Descriptors == 3: // not the one-descriptor ceiling
@@ -66,7 +74,7 @@ func TestResultsJSONRoundTripAndCeilings(t *testing.T) {
 	if len(lines) != 1+len(in) {
 		t.Fatalf("table has %d lines, want header + %d:\n%s", len(lines), len(in), tbl.String())
 	}
-	for _, want := range []string{"rls µs/req  rls wait µs/req\n", "p99.9 ms", "OVER_LIMIT", "(ceiling)", "25%", "51.2", "1 (Unavailable)", "16@3000/s"} {
+	for _, want := range []string{"rls µs/req  rls wait µs/req\n", "p99.9 ms", "OVER_LIMIT", "(ceiling)", "25%", "51.2", "1 (Unavailable)", "16@3000/s", "t (tls)", "t (mutual)"} {
 		if !strings.Contains(tbl.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, tbl.String())
 		}
@@ -356,8 +364,10 @@ func TestMedians(t *testing.T) {
 		run("a", 16, 8000, 7, 100, 30),
 		run("a", 64, 12000, 20, 50, 1), // another load, run once
 		run("a", 16, 9500, 4, 70, 5),   // the same load decoded whole
+		run("a", 16, 6000, 8, 95, 5),   // the same load on TLS
 	}
-	in[len(in)-1].FullDecode = true
+	in[7].FullDecode = true
+	in[8].TLS = "tls"
 	in[0].Ceiling, in[2].Ceiling, in[4].Ceiling = true, true, true
 	// A ceiling run without scheduler statistics: the wait's median is
 	// that of the two runs that have one, not a zero among them.
@@ -369,8 +379,11 @@ func TestMedians(t *testing.T) {
 	// quantiles: it must not count as a zero latency.
 	in[2].Server = &ServerLatency{}
 	got := Medians(in)
-	if len(got) != 4 {
-		t.Fatalf("%d results, want 4 (ceiling, a@16, a@64, a@16 decoded whole): %+v", len(got), got)
+	if len(got) != 5 {
+		t.Fatalf("%d results, want 5 (ceiling, a@16, a@64, a@16 decoded whole, a@16 on TLS): %+v", len(got), got)
+	}
+	if onTLS := got[4]; onTLS.TLS != "tls" || onTLS.Runs != 0 || onTLS.RPS != 6000 {
+		t.Errorf("runs on TLS were mixed with the plain-text ones: %+v", onTLS)
 	}
 	c, a, once := got[0], got[1], got[2]
 	if full := got[3]; !full.FullDecode || full.Runs != 0 || full.RPS != 9500 || a.FullDecode {
