@@ -251,6 +251,15 @@ descriptors:
 				t.Fatal("no request reached Redis with the last good files")
 			}
 		}
+		// Put back: the failure is over, and nothing was reloaded.
+		testenv.CopyFile(t, renewedCert, files.Cert)
+		fams = redial("put back", "envoy_rls_redis_tls_last_reload_successful", 1)
+		if v, _ := value(fams, "envoy_rls_redis_tls_reloads_total", "result", "success"); v != 1 {
+			t.Errorf("files put back counted as a reload: reloads_total{success} = %v, want 1", v)
+		}
+		if v, _ := value(fams, expiry); v != notAfter(t, renewedCert) {
+			t.Errorf("after the files were put back %s = %v, want the renewal's %v", expiry, v, notAfter(t, renewedCert))
+		}
 	})
 }
 
