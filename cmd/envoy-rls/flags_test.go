@@ -98,6 +98,7 @@ func TestServeFlagsOutOfRange(t *testing.T) {
 		want string
 	}{
 		{args: []string{"--config.reload-interval", "0s"}, want: "--config.reload-interval 0s: must be positive"},
+		{args: []string{"--tls.check-interval", "-1m"}, want: "--tls.check-interval -1m0s: must be positive"},
 		{args: []string{"--redis.url", "redis://h:1", "--redis.timeout", "-1ms"}, want: "--redis.timeout -1ms: must be positive"},
 		{args: []string{"--deny-cache.max-ttl", "-1s"}, want: "--deny-cache.max-ttl -1s: must be positive"},
 		{args: []string{"--shutdown.drain-timeout", "-1s"}, want: "--shutdown.drain-timeout -1s"},

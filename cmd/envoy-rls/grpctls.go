@@ -16,22 +16,23 @@ import (
 
 // grpcServerTLS returns the gRPC server option that serves TLS with the
 // --grpc.tls.* files (reading renewed files at the next handshake), logging
-// and counting every load and failed handshake; nil when TLS is off. A
-// file that does not load is a usageError.
-func grpcServerTLS(files tlsfiles.ServerFiles, log *slog.Logger, m *metrics.Metrics) (grpc.ServerOption, error) {
+// and counting every load and failed handshake, and check, which reads the
+// files between handshakes; nils when TLS is off. A file that does not load
+// is a usageError.
+func grpcServerTLS(files tlsfiles.ServerFiles, log *slog.Logger, m *metrics.Metrics) (opt grpc.ServerOption, check func(), err error) {
 	if files.Cert == "" {
-		return nil, nil
+		return nil, nil, nil
 	}
 	tm, err := m.ListenerTLS()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	srv, err := tlsfiles.NewServer(files, logTLSLoads(log, "gRPC TLS", tm,
 		"cert", files.Cert, "mutual", files.ClientCA != "", "client_sans", strings.Join(files.ClientSANs, ",")))
 	if err != nil {
-		return nil, usageError{msg: "--grpc.tls.*: " + err.Error()}
+		return nil, nil, usageError{msg: "--grpc.tls.*: " + err.Error()}
 	}
-	return grpc.Creds(handshakeObserver{TransportCredentials: credentials.NewTLS(srv.Config()), log: log, tm: tm}), nil
+	return grpc.Creds(handshakeObserver{TransportCredentials: credentials.NewTLS(srv.Config()), log: log, tm: tm}), srv.Check, nil
 }
 
 // handshakeObserver is gRPC's TLS credentials, logging and counting every

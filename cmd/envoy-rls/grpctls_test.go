@@ -191,6 +191,31 @@ func TestServeGRPCTLS(t *testing.T) {
 	}
 }
 
+// TestServeGRPCTLSFilesReadOnSIGHUP: a renewal of the --grpc.tls.* files is
+// loaded, logged and its expiry exported at SIGHUP (and every
+// --tls.check-interval), with no handshake to read them.
+func TestServeGRPCTLSFilesReadOnSIGHUP(t *testing.T) {
+	a, b := testenv.NewTLSFiles(t), testenv.NewTLSFiles(t)
+	files := t.TempDir()
+	cert, key := filepath.Join(files, "tls.crt"), filepath.Join(files, "tls.key")
+	testenv.CopyFile(t, a.Cert, cert)
+	testenv.CopyFile(t, a.Key, key)
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "g.yaml"), "domain: g\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 5}\n")
+	var log testenv.Buffer
+	r := startServeLog(t, serveOptions{configDir: dir, grpcTLS: tlsfiles.ServerFiles{Cert: cert, Key: key}}, &log)
+	testenv.CopyFile(t, b.Cert, cert)
+	testenv.CopyFile(t, b.Key, key)
+	r.hup <- os.Interrupt // any signal value
+	fams := scrapeUntil(t, r, "envoy_rls_grpc_tls_reloads_total", 1, "result", "success")
+	if v, _ := value(fams, "envoy_rls_grpc_tls_certificate_expiry_timestamp_seconds"); v != notAfter(t, b.Cert) {
+		t.Errorf("expiry after the SIGHUP %v, want the renewal's %v", v, notAfter(t, b.Cert))
+	}
+	if !strings.Contains(log.String(), "gRPC TLS: files reloaded") {
+		t.Errorf("log lacks the reload:\n%s", log.String())
+	}
+}
+
 // TestQueryOverTLS: envoy-rls query speaks TLS with --tls.*, and a server
 // it does not trust is an error naming the certificate.
 func TestQueryOverTLS(t *testing.T) {

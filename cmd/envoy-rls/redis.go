@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -37,12 +36,13 @@ func openRedisStore(ctx context.Context, o storeOptions, log *slog.Logger, m *me
 
 		DisableFunctions: !o.redisFunctions,
 	}
+	var checkTLS func()
 	if o.redisTLS.Set() {
-		tlsConfig, err := redisTLS(o.redisTLS, log, m)
+		src, err := redisTLS(o.redisTLS, log, m)
 		if err != nil {
 			return nil, err
 		}
-		ro.TLS = tlsConfig
+		ro.TLS, checkTLS = src.Config, src.Check
 	}
 	rb, err := redisbackend.New(ro)
 	if err != nil {
@@ -113,9 +113,10 @@ func openRedisStore(ctx context.Context, o storeOptions, log *slog.Logger, m *me
 		}
 	}()
 	return &store{
-		name:    "redis",
-		limiter: lim,
-		ready:   rb.Ping,
+		name:     "redis",
+		limiter:  lim,
+		ready:    rb.Ping,
+		checkTLS: checkTLS,
 		closers: []func() error{
 			rb.Close,
 			mem.Close,
@@ -135,10 +136,10 @@ func openRedisStore(ctx context.Context, o storeOptions, log *slog.Logger, m *me
 	}, nil
 }
 
-// redisTLS returns the TLS configuration of each new connection to Redis:
-// the --redis.tls.* files, read again when they change, each load logged
-// and counted.
-func redisTLS(f tlsfiles.ClientFiles, log *slog.Logger, m *metrics.Metrics) (func() *tls.Config, error) {
+// redisTLS returns the source of each new Redis connection's TLS
+// configuration: the --redis.tls.* files, read again when they change,
+// each load logged and counted.
+func redisTLS(f tlsfiles.ClientFiles, log *slog.Logger, m *metrics.Metrics) (*tlsfiles.ClientSource, error) {
 	tm, err := m.RedisTLS(f.Cert != "")
 	if err != nil {
 		return nil, err
@@ -148,7 +149,7 @@ func redisTLS(f tlsfiles.ClientFiles, log *slog.Logger, m *metrics.Metrics) (fun
 	if err != nil {
 		return nil, fmt.Errorf("--redis.tls.*: %w", err)
 	}
-	return src.Config, nil
+	return src, nil
 }
 
 // scriptsReason says why checks run as scripts rather than as a Function.

@@ -184,6 +184,42 @@ descriptors:
 		}
 	})
 
+	// Every --tls.check-interval the files are read with no connection
+	// opened: a renewal is loaded and its expiry exported. With
+	// authorities only, no certificate expiry is exported.
+	t.Run("checked between connections", func(t *testing.T) {
+		renewedCert, renewedKey := redis.TLS.RenewClient(t)
+		dir := t.TempDir()
+		files := tlsfiles.ClientFiles{CA: filepath.Join(dir, "ca.crt"), Cert: filepath.Join(dir, "tls.crt"), Key: filepath.Join(dir, "tls.key")}
+		testenv.CopyFile(t, redis.TLS.CA, files.CA)
+		testenv.CopyFile(t, redis.TLS.ClientCert, files.Cert)
+		testenv.CopyFile(t, redis.TLS.ClientKey, files.Key)
+		r := serveOnRedis(t, redis, yaml, func(o *serveOptions) {
+			o.store.redisURL = "rediss://" + redis.TLSAddr
+			o.store.redisTLS = files
+			o.tlsCheckInterval = 10 * time.Millisecond
+		})
+		testenv.CopyFile(t, renewedCert, files.Cert)
+		testenv.CopyFile(t, renewedKey, files.Key)
+		fams := scrapeUntil(t, r, "envoy_rls_redis_tls_reloads_total", 1, "result", "success")
+		const expiry = "envoy_rls_redis_tls_client_certificate_expiry_timestamp_seconds"
+		if v, _ := value(fams, expiry); v != notAfter(t, renewedCert) {
+			t.Errorf("%s = %v, want the renewal's %v", expiry, v, notAfter(t, renewedCert))
+		}
+
+		caOnly := serveOnRedis(t, redis, yaml, func(o *serveOptions) {
+			o.store.redisURL = "rediss://" + redis.TLSAddr
+			o.store.redisTLS = tlsfiles.ClientFiles{CA: files.CA}
+		})
+		fams = scrape(t, caOnly)
+		if _, ok := value(fams, expiry); ok {
+			t.Errorf("with authorities only, %s is exported", expiry)
+		}
+		if v, ok := value(fams, "envoy_rls_redis_tls_last_reload_successful"); !ok || v != 1 {
+			t.Errorf("with authorities only, envoy_rls_redis_tls_last_reload_successful = %v (exported: %v), want 1", v, ok)
+		}
+	})
+
 	// The files are read again for each new connection to Redis: a
 	// renewal written in place is used, and counted, from the next one;
 	// a set that does not load leaves the last good one in use.

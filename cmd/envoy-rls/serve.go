@@ -40,22 +40,25 @@ type serveOptions struct {
 	configDir      string
 	mergeDomains   bool
 	reloadInterval time.Duration
-	grpcAddr       string
-	grpcMode       listen.Mode
-	grpcWorkers    int
-	grpcWindow     int
-	grpcTLS        tlsfiles.ServerFiles
-	httpAddr       string
-	debugAddr      string
-	headers        string
-	shadow         bool
-	logLevel       string
-	logFormat      string
-	drainTimeout   time.Duration
-	nearLimit      float64
-	gc             *gcpercent.Flag
-	store          storeOptions
-	debug          debugOptions
+	// tlsCheckInterval is how often the TLS files are read between
+	// connections.
+	tlsCheckInterval time.Duration
+	grpcAddr         string
+	grpcMode         listen.Mode
+	grpcWorkers      int
+	grpcWindow       int
+	grpcTLS          tlsfiles.ServerFiles
+	httpAddr         string
+	debugAddr        string
+	headers          string
+	shadow           bool
+	logLevel         string
+	logFormat        string
+	drainTimeout     time.Duration
+	nearLimit        float64
+	gc               *gcpercent.Flag
+	store            storeOptions
+	debug            debugOptions
 }
 
 func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
@@ -64,6 +67,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.configDir, "config.dir", "./config", "folder of descriptor YAML files, one domain per file")
 	fs.BoolVar(&o.mergeDomains, "config.merge-domains", false, "allow several files to declare the same domain (their descriptors are merged)")
 	fs.DurationVar(&o.reloadInterval, "config.reload-interval", 5*time.Second, "how often the config folder is checked for changes (SIGHUP reloads at once)")
+	fs.DurationVar(&o.tlsCheckInterval, "tls.check-interval", time.Minute, "how often the --grpc.tls.* and --redis.tls.* files are read between connections (each new connection reads them too), so that a renewal is loaded, logged and its expiry exported while no connection opens (SIGHUP reads them at once)")
 	fs.StringVar(&o.grpcAddr, "grpc.addr", ":8081", "gRPC listen address (RateLimitService v3, health, reflection): host:port, or unix:/path/to/socket for clients on this host (Envoy: a pipe address)")
 	o.grpcMode = listen.Mode(listen.DefaultMode)
 	fs.Var(&o.grpcMode, "grpc.socket-mode", "permission of the unix: --grpc.addr socket, in octal: who on this host may connect (0660 with a group shared with Envoy restricts it to them)")
@@ -138,6 +142,7 @@ func (o serveOptions) checkRanges() error {
 		v    time.Duration
 	}{
 		{"config.reload-interval", o.reloadInterval},
+		{"tls.check-interval", o.tlsCheckInterval},
 		{"redis.timeout", o.store.redisTimeout},
 		{"deny-cache.max-ttl", o.store.denyCacheMaxTTL},
 	} {
@@ -223,10 +228,20 @@ type server struct {
 	debug   *http.Server
 	reg     *prometheus.Registry
 	dbg     *debugTools
+	// tlsChecks read the TLS files (the gRPC listener's, Redis's), each
+	// loading a change as a new connection would.
+	tlsChecks []func()
+}
+
+// checkTLS reads every set of TLS files now.
+func (s *server) checkTLS() {
+	for _, check := range s.tlsChecks {
+		check()
+	}
 }
 
 // serve runs the service until ctx ends, then stops gracefully. hup
-// triggers config reloads. ready, when not nil, is called with the bound
+// triggers config reloads (and reads the TLS files). ready, when not nil, is called with the bound
 // addresses once every listener accepts connections (tests use it).
 func serve(ctx context.Context, o serveOptions, log *slog.Logger, hup <-chan os.Signal, ready func(addrs boundAddrs)) error {
 	headers, err := rls.ParseHeaderMode(o.headers)
@@ -241,7 +256,7 @@ func serve(ctx context.Context, o serveOptions, log *slog.Logger, hup <-chan os.
 	}
 	// The listener's certificate is read before anything connects, so
 	// that a missing file stops the start at once.
-	creds, err := grpcServerTLS(o.grpcTLS, log, m)
+	creds, checkGRPCTLS, err := grpcServerTLS(o.grpcTLS, log, m)
 	if err != nil {
 		return err
 	}
@@ -281,6 +296,11 @@ func serve(ctx context.Context, o serveOptions, log *slog.Logger, hup <-chan os.
 	dbg.setService(svc)
 
 	s := &server{log: log, watcher: watcher, store: st, reg: reg, health: newHealthService(), dbg: dbg}
+	for _, check := range []func(){checkGRPCTLS, st.checkTLS} {
+		if check != nil {
+			s.tlsChecks = append(s.tlsChecks, check)
+		}
+	}
 	grpcOpts := []grpc.ServerOption{
 		// Decodes requests and encodes responses without the protobuf
 		// runtime's reflection (see rls.Codec).
@@ -368,6 +388,20 @@ func (s *server) run(ctx context.Context, o serveOptions, hup <-chan os.Signal, 
 		goRun("debug server", func() error { return ignoreClosed(s.debug.Serve(dl)) })
 	}
 	goRun("config watcher", func() error { return ignoreCanceled(s.watcher.Run(runCtx)) })
+	if len(s.tlsChecks) > 0 {
+		goRun("TLS files", func() error {
+			tick := time.NewTicker(o.tlsCheckInterval)
+			defer tick.Stop()
+			for {
+				select {
+				case <-runCtx.Done():
+					return nil
+				case <-tick.C:
+					s.checkTLS()
+				}
+			}
+		})
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -378,6 +412,7 @@ func (s *server) run(ctx context.Context, o serveOptions, hup <-chan os.Signal, 
 			case <-hup:
 				s.log.Info("SIGHUP: reloading config")
 				s.watcher.Reload()
+				s.checkTLS()
 			}
 		}
 	}()

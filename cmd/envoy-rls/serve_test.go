@@ -60,6 +60,9 @@ func startServeLog(t *testing.T, o serveOptions, w io.Writer) *running {
 	if o.reloadInterval == 0 {
 		o.reloadInterval = time.Hour // tests reload through hup
 	}
+	if o.tlsCheckInterval == 0 {
+		o.tlsCheckInterval = time.Hour // new connections, or hup, read the TLS files
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{hup: make(chan os.Signal, 1)}
 	readyc := make(chan boundAddrs, 1)

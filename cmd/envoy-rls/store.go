@@ -68,6 +68,9 @@ type store struct {
 	limiter limiter.Limiter
 	ready   func(context.Context) error
 	closers []func() error
+	// checkTLS, when not nil, reads the Redis TLS files now, loading a
+	// change as a new connection would.
+	checkTLS func()
 }
 
 // Close releases the store's connections and goroutines.

@@ -92,12 +92,16 @@ func (f *ClientFlags) Config() (*tls.Config, error) {
 // Client builds a client's configuration (TLS 1.2 or later) from f's files
 // as they are now, for a client that connects once or for a short while
 // (NewClientSource reads renewed files for each new connection).
+//
+// Its files are read once, and may be anything that reads (a shell's
+// <(command), a named pipe); the sources that read them again take regular
+// files only.
 func Client(f ClientFiles) (*tls.Config, error) {
-	src, err := NewClientSource(f, nil)
-	if err != nil {
+	if err := f.check(); err != nil {
 		return nil, err
 	}
-	return src.w.cfg, nil
+	cfg, _, err := f.build(readFiles(f.files(), 0, os.ReadFile))
+	return cfg, err
 }
 
 // ClientSource is a client's TLS configuration whose files are read again
@@ -107,13 +111,14 @@ func Client(f ClientFiles) (*tls.Config, error) {
 type ClientSource struct{ w *watched }
 
 // NewClientSource reads f's files (an error names the file and the reason).
-// onLoad, when not nil, is called with every load, the first included (see
-// NewServer).
+// onLoad, when not nil, is called with every load, the first included, and
+// every failed one: from the goroutine that asked for a configuration, while
+// no other can change it, so keep it short.
 func NewClientSource(f ClientFiles, onLoad func(Loaded)) (*ClientSource, error) {
-	if (f.Cert == "") != (f.Key == "") {
-		return nil, errors.New("a client certificate needs both the certificate and the key file")
+	if err := f.check(); err != nil {
+		return nil, err
 	}
-	w, err := newWatched(fileSet{cert: f.Cert, key: f.Key, ca: f.CA}, f.build, onLoad)
+	w, err := newWatched(f.files(), f.build, onLoad)
 	if err != nil {
 		return nil, err
 	}
@@ -122,8 +127,23 @@ func NewClientSource(f ClientFiles, onLoad func(Loaded)) (*ClientSource, error) 
 
 // Config returns the configuration for a new connection, after reading the
 // files (a few kilobytes; parsed again only when they changed). A set that
-// does not load leaves the last good one in use.
+// does not load leaves the last good one in use. It is safe to call from
+// many goroutines at once; the configuration returned is shared, and must
+// not be modified (Clone it).
 func (c *ClientSource) Config() *tls.Config { return c.w.current() }
+
+// Check reads the files now, as a new connection would, so that a change
+// is loaded and reported without waiting for one.
+func (c *ClientSource) Check() { c.w.current() }
+
+func (f ClientFiles) check() error {
+	if (f.Cert == "") != (f.Key == "") {
+		return errors.New("a client certificate needs both the certificate and the key file")
+	}
+	return nil
+}
+
+func (f ClientFiles) files() fileSet { return fileSet{cert: f.Cert, key: f.Key, ca: f.CA} }
 
 // build makes a client's configuration of c, f's files.
 func (f ClientFiles) build(c contents) (*tls.Config, *x509.Certificate, error) {
@@ -194,12 +214,13 @@ func (f ServerFiles) CheckFlags(prefix string) error {
 	return nil
 }
 
-// Loaded describes one load of a server's files, for logs and metrics.
+// Loaded describes one load of a server's or a client source's files, for
+// logs and metrics.
 type Loaded struct {
 	// Initial is true for the load at construction.
 	Initial bool
 	// Restored is true when, after a set that failed to load, the files
-	// hold the served set again (a bad edit reverted): nothing was loaded,
+	// hold the set in use again (a bad edit reverted): nothing was loaded,
 	// and the failure is over.
 	Restored bool
 	// Err is why the files did not load (the previous ones stay in use).
@@ -244,6 +265,10 @@ func (s *Server) Config() *tls.Config {
 		},
 	}
 }
+
+// Check reads the files now, as a handshake would, so that a change is
+// loaded and reported without waiting for a new connection.
+func (s *Server) Check() { s.w.current() }
 
 // build makes a server's configuration of c, f's files.
 func (f ServerFiles) build(c contents) (*tls.Config, *x509.Certificate, error) {
@@ -379,20 +404,25 @@ type contents struct {
 }
 
 func (w *watched) read() contents {
-	c := contents{n: w.reads.Add(1)}
+	return readFiles(w.files, w.reads.Add(1), readRegular)
+}
+
+// readFiles reads files with readFile, as the read numbered n.
+func readFiles(files fileSet, n uint64, readFile func(string) ([]byte, error)) contents {
+	c := contents{n: n}
 	var b strings.Builder
 	for _, f := range []struct {
-		name string
-		dst  *[]byte
-	}{{w.files.cert, &c.cert}, {w.files.key, &c.key}, {w.files.ca, &c.ca}} {
+		role, name string
+		dst        *[]byte
+	}{{"certificate", files.cert, &c.cert}, {"key", files.key, &c.key}, {"authorities", files.ca, &c.ca}} {
 		if f.name == "" {
 			continue
 		}
-		data, err := readRegular(f.name)
+		data, err := readFile(f.name)
 		if err != nil {
 			fmt.Fprintf(&b, "%s: %v;", f.name, err)
 			if c.err == nil {
-				c.err = err
+				c.err = fmt.Errorf("%s: %w", f.role, err)
 			}
 			continue
 		}

@@ -453,11 +453,39 @@ func TestClientFlags(t *testing.T) {
 	}{
 		{[]string{"--tls.cert", a.ClientCert}, "both the certificate and the key file"},
 		{[]string{"--tls.ca", a.ClientKey}, "authorities " + a.ClientKey + ": no PEM certificate"},
-		{[]string{"--tls.ca", missing}, missing},
+		{[]string{"--tls.ca", missing}, "authorities: open " + missing},
+		{[]string{"--tls.cert", missing, "--tls.key", a.ClientKey}, "certificate: open " + missing},
 		{[]string{"--tls.cert", a.ClientCert, "--tls.key", a.Key}, "certificate " + a.ClientCert + " with key " + a.Key},
 	} {
 		if _, err := parse(tc.args...); err == nil || !strings.Contains(err.Error(), "--tls.*: ") || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: error %v, want one naming --tls.* and saying %q", tc.args, err, tc.want)
 		}
+	}
+}
+
+// TestClientReadsAPipe: Client reads its files once, so they may be
+// anything that reads, such as a shell's <(command); the sources that read
+// them again take regular files only.
+func TestClientReadsAPipe(t *testing.T) {
+	a := testenv.NewTLSFiles(t)
+	pipe := filepath.Join(t.TempDir(), "ca.pipe")
+	if err := syscall.Mkfifo(pipe, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pem, err := os.ReadFile(a.CA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	written := make(chan error, 1)
+	go func() { written <- os.WriteFile(pipe, pem, 0o600) }()
+	cfg, err := tlsfiles.Client(tlsfiles.ClientFiles{CA: pipe})
+	if err != nil || cfg.RootCAs == nil {
+		t.Fatalf("Client with the authorities in a named pipe: %v, %v", cfg, err)
+	}
+	if err := <-written; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tlsfiles.NewClientSource(tlsfiles.ClientFiles{CA: pipe}, nil); err == nil || !strings.Contains(err.Error(), "authorities: "+pipe+" is not a regular file") {
+		t.Errorf("NewClientSource with a named pipe: %v, want a refusal naming it", err)
 	}
 }

@@ -333,7 +333,8 @@ func (t *timedDeadlineLimiter) CheckBy(ctx context.Context, by time.Time, reqs [
 }
 
 // TLSFiles records the loads of one set of TLS files: a server's
-// certificate, key and client authorities, or a client's.
+// certificate, key and client authorities, or a client's. Create it with
+// Metrics.ListenerTLS or Metrics.RedisTLS.
 type TLSFiles struct {
 	reloads  reloads
 	notAfter prometheus.Gauge // nil without a certificate

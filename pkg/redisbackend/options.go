@@ -53,8 +53,10 @@ type Options struct {
 	// dialled, for that connection's configuration, so that renewed
 	// certificates and authorities are used from the next connection on
 	// (internal/tlsfiles.ClientSource.Config reads them from the PEM files
-	// of --redis.tls.*). With a rediss:// URL and a nil TLS, go-redis's
-	// default TLS configuration is used.
+	// of --redis.tls.*). It is called from many goroutines at once; it
+	// must not return nil (the dial fails), and the configuration it
+	// returns is not modified. With a rediss:// URL and a nil TLS,
+	// go-redis's default TLS configuration is used.
 	TLS func() *tls.Config
 	// PoolSize is the maximum number of connections per Redis node; 0
 	// means go-redis's default (10 per CPU).
@@ -263,6 +265,11 @@ func (o *Options) newClient(topo topology) (redis.UniversalClient, error) {
 // dialer returns the go-redis dialer of connections on TLS, each with the
 // configuration o.TLS returns as it is dialled; nil, go-redis's own, when
 // TLS is not set. timeout bounds a dial (0: go-redis's default, 5 s).
+//
+// go-redis's own TLSConfig is then left nil: its dialer is replaced, and
+// the other code that reads TLSConfig (maintenance notifications and
+// their handoff dialer) is off (single node, Sentinel) or needs RESP3
+// (Cluster). Turning either on must give them TLS another way.
 func (o *Options) dialer(timeout time.Duration) func(context.Context, string, string) (net.Conn, error) {
 	if o.TLS == nil {
 		return nil
@@ -272,7 +279,12 @@ func (o *Options) dialer(timeout time.Duration) func(context.Context, string, st
 	}
 	config := o.TLS
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		return redis.NewDialer(&redis.Options{DialTimeout: timeout, TLSConfig: config()})(ctx, network, addr)
+		cfg := config()
+		if cfg == nil {
+			// redis.NewDialer would dial in plain text.
+			return nil, fmt.Errorf("dial %s: no TLS configuration", addr)
+		}
+		return redis.NewDialer(&redis.Options{DialTimeout: timeout, TLSConfig: cfg})(ctx, network, addr)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -123,13 +124,14 @@ func TestTLS(t *testing.T) {
 // exactly the model's count for every algorithm.
 func TestTLSCluster(t *testing.T) {
 	c := testenv.RedisCluster(t, testenv.WithClusterTLS(true))
-	cfg := mutualTLS(t, c.TLS)
+	cfg, dials := mutualTLS(t, c.TLS)
 	newTLS := func(t *testing.T, prefix string, now func() time.Time) *Backend {
 		t.Helper()
 		return openBackend(t, Options{ClusterAddrs: c.TLSAddrs, TLS: cfg, KeyPrefix: prefix, Now: now, Timeout: testTimeout})
 	}
 
 	t.Run("every master", func(t *testing.T) {
+		before := dials.Load()
 		b := newTLS(t, "tlsc:", nil)
 		// One key per master: each slot's call reaches its master.
 		l := limiter.Limit{Requests: 10, Window: time.Minute}
@@ -154,6 +156,11 @@ func TestTLSCluster(t *testing.T) {
 		for _, m := range c.Masters {
 			m.CheckClientsOnTLS(t)
 		}
+		// Each connection, one to every master at least, asked for its
+		// configuration as it was dialled.
+		if n := dials.Load() - before; n < int64(len(c.Masters)) {
+			t.Errorf("%d configurations asked for, want one per connection, %d at least", n, len(c.Masters))
+		}
 	})
 
 	t.Run("hammer", func(t *testing.T) {
@@ -170,7 +177,7 @@ func TestTLSCluster(t *testing.T) {
 // count for every algorithm.
 func TestTLSSentinel(t *testing.T) {
 	s := testenv.RedisSentinel(t, testenv.WithSentinelTLS(true))
-	cfg := mutualTLS(t, s.TLS)
+	cfg, dials := mutualTLS(t, s.TLS)
 	newTLS := func(t *testing.T, prefix string, now func() time.Time) *Backend {
 		t.Helper()
 		return openBackend(t, Options{SentinelAddrs: s.SentinelTLSAddrs, SentinelMaster: s.MasterName, TLS: cfg,
@@ -178,6 +185,7 @@ func TestTLSSentinel(t *testing.T) {
 	}
 
 	t.Run("master", func(t *testing.T) {
+		before := dials.Load()
 		b := newTLS(t, "tlss:", nil)
 		res := make([]limiter.Result, 1)
 		req := []limiter.Request{{Key: key(t.Name()), Limit: limiter.Limit{Requests: 10, Window: time.Minute}, Hits: 1}}
@@ -187,6 +195,11 @@ func TestTLSSentinel(t *testing.T) {
 		// The replica and the sentinels are on its TLS port too
 		// (tls-replication yes).
 		s.Master.CheckClientsOnTLS(t)
+		// A sentinel's connection and the master's each asked for their
+		// configuration as they were dialled.
+		if n := dials.Load() - before; n < 2 {
+			t.Errorf("%d configurations asked for, want one per connection, 2 at least", n)
+		}
 	})
 
 	t.Run("hammer", func(t *testing.T) {
@@ -224,14 +237,30 @@ func TestTLSSentinel(t *testing.T) {
 }
 
 // mutualTLS is the configuration --redis.tls.* builds for f's servers: it
-// trusts f.CA and presents f's client certificate.
-func mutualTLS(t *testing.T, f *testenv.TLSFiles) func() *tls.Config {
+// trusts f.CA and presents f's client certificate. dials counts the calls,
+// one per connection dialled.
+func mutualTLS(t *testing.T, f *testenv.TLSFiles) (config func() *tls.Config, dials *atomic.Int64) {
 	t.Helper()
 	src, err := tlsfiles.NewClientSource(tlsfiles.ClientFiles{CA: f.CA, Cert: f.ClientCert, Key: f.ClientKey}, nil)
 	if err != nil {
 		t.Fatalf("tlsfiles.NewClientSource: %v", err)
 	}
-	return src.Config
+	dials = new(atomic.Int64)
+	return func() *tls.Config {
+		dials.Add(1)
+		return src.Config()
+	}, dials
+}
+
+// TestTLSWithoutConfiguration: a TLS function that returns nil fails the
+// dial instead of connecting in plain text.
+func TestTLSWithoutConfiguration(t *testing.T) {
+	r := testenv.RedisServer(t)
+	b := openBackend(t, Options{URL: "redis://" + r.Addr, TLS: func() *tls.Config { return nil }, Timeout: testTimeout})
+	req := []limiter.Request{{Key: key(t.Name()), Limit: limiter.Limit{Requests: 1, Window: time.Minute}, Hits: 1}}
+	if err := b.Check(context.Background(), req, make([]limiter.Result, 1)); err == nil || !strings.Contains(err.Error(), "no TLS configuration") {
+		t.Errorf("Check = %v, want a failed dial saying there is no TLS configuration", err)
+	}
 }
 
 // TestTLSRenewedFiles: the --redis.tls.* files are read again for each new
