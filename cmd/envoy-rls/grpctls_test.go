@@ -72,6 +72,16 @@ func notAfter(t *testing.T, certFile string) float64 {
 	return float64(testenv.Certificate(t, certFile).NotAfter.Unix())
 }
 
+// serveTLS starts serve with its gRPC listener on TLS with files, domain g
+// allowing 5 requests an hour per value of k, and its log in log. Its
+// r.client speaks plain text: set a TLS one.
+func serveTLS(t *testing.T, files tlsfiles.ServerFiles, log io.Writer) *running {
+	t.Helper()
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "g.yaml"), "domain: g\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 5}\n")
+	return startServeLog(t, serveOptions{configDir: dir, grpcTLS: files}, log)
+}
+
 // TestServeGRPCTLS: with --grpc.tls.*, the gRPC listener serves mutual TLS
 // to clients whose certificate names one of --grpc.tls.client-san, decides
 // as over plain text, refuses every other client (counted, logged with the
@@ -79,15 +89,10 @@ func notAfter(t *testing.T, certFile string) float64 {
 // next handshake on; a renewal that does not load keeps the previous one.
 func TestServeGRPCTLS(t *testing.T) {
 	a, b := testenv.NewTLSFiles(t), testenv.NewTLSFiles(t)
-	files := t.TempDir()
-	cert, key := filepath.Join(files, "tls.crt"), filepath.Join(files, "tls.key")
-	testenv.CopyFile(t, a.Cert, cert)
-	testenv.CopyFile(t, a.Key, key)
-	dir := t.TempDir()
-	writeFile(t, filepath.Join(dir, "g.yaml"), "domain: g\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 5}\n")
+	c := a.Copy(t)
+	cert, key := c.Cert, c.Key
 	var log testenv.Buffer
-	o := serveOptions{configDir: dir, grpcTLS: tlsfiles.ServerFiles{Cert: cert, Key: key, ClientCA: a.CA, ClientSANs: []string{"client"}}}
-	r := startServeLog(t, o, &log) // its plain-text r.client is never used
+	r := serveTLS(t, tlsfiles.ServerFiles{Cert: cert, Key: key, ClientCA: a.CA, ClientSANs: []string{"client"}}, &log)
 	first := tlsClient(t, r.addrs.GRPC, tlsfiles.ClientFiles{CA: a.CA, Cert: a.ClientCert, Key: a.ClientKey})
 	r.client = first
 	if ok := r.admitted(t, 8, "g", "k", "v1"); ok != 5 {
@@ -196,14 +201,10 @@ func TestServeGRPCTLS(t *testing.T) {
 // --tls.check-interval), with no handshake to read them.
 func TestServeGRPCTLSFilesReadOnSIGHUP(t *testing.T) {
 	a, b := testenv.NewTLSFiles(t), testenv.NewTLSFiles(t)
-	files := t.TempDir()
-	cert, key := filepath.Join(files, "tls.crt"), filepath.Join(files, "tls.key")
-	testenv.CopyFile(t, a.Cert, cert)
-	testenv.CopyFile(t, a.Key, key)
-	dir := t.TempDir()
-	writeFile(t, filepath.Join(dir, "g.yaml"), "domain: g\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 5}\n")
+	c := a.Copy(t)
+	cert, key := c.Cert, c.Key
 	var log testenv.Buffer
-	r := startServeLog(t, serveOptions{configDir: dir, grpcTLS: tlsfiles.ServerFiles{Cert: cert, Key: key}}, &log)
+	r := serveTLS(t, tlsfiles.ServerFiles{Cert: cert, Key: key}, &log)
 	testenv.CopyFile(t, b.Cert, cert)
 	testenv.CopyFile(t, b.Key, key)
 	r.hup <- os.Interrupt // any signal value

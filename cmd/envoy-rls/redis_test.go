@@ -189,11 +189,8 @@ descriptors:
 	// authorities only, no certificate expiry is exported.
 	t.Run("checked between connections", func(t *testing.T) {
 		renewedCert, renewedKey := redis.TLS.RenewClient(t)
-		dir := t.TempDir()
-		files := tlsfiles.ClientFiles{CA: filepath.Join(dir, "ca.crt"), Cert: filepath.Join(dir, "tls.crt"), Key: filepath.Join(dir, "tls.key")}
-		testenv.CopyFile(t, redis.TLS.CA, files.CA)
-		testenv.CopyFile(t, redis.TLS.ClientCert, files.Cert)
-		testenv.CopyFile(t, redis.TLS.ClientKey, files.Key)
+		c := redis.TLS.Copy(t)
+		files := tlsfiles.ClientFiles{CA: c.CA, Cert: c.ClientCert, Key: c.ClientKey}
 		r := serveOnRedis(t, redis, yaml, func(o *serveOptions) {
 			o.store.redisURL = "rediss://" + redis.TLSAddr
 			o.store.redisTLS = files
@@ -225,11 +222,8 @@ descriptors:
 	// a set that does not load leaves the last good one in use.
 	t.Run("renewed", func(t *testing.T) {
 		renewedCert, renewedKey := redis.TLS.RenewClient(t)
-		dir := t.TempDir()
-		files := tlsfiles.ClientFiles{CA: filepath.Join(dir, "ca.crt"), Cert: filepath.Join(dir, "tls.crt"), Key: filepath.Join(dir, "tls.key")}
-		testenv.CopyFile(t, redis.TLS.CA, files.CA)
-		testenv.CopyFile(t, redis.TLS.ClientCert, files.Cert)
-		testenv.CopyFile(t, redis.TLS.ClientKey, files.Key)
+		c := redis.TLS.Copy(t)
+		files := tlsfiles.ClientFiles{CA: c.CA, Cert: c.ClientCert, Key: c.ClientKey}
 		var logs testenv.Buffer
 		r := startServeLog(t, redisServeOptions(t, redis, yaml, func(o *serveOptions) {
 			o.store.redisURL = "rediss://" + redis.TLSAddr

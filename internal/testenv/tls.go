@@ -132,12 +132,34 @@ func (f *TLSFiles) issue(name string, usage []x509.ExtKeyUsage, ips []net.IP, no
 	return writePEM(keyFile, "EC PRIVATE KEY", kder)
 }
 
+// Copy copies f's files to a new temporary directory, for a test that
+// writes renewals over them: the copy's files have f's contents (the copy
+// signs nothing: RenewClient on it fails the test).
+func (f *TLSFiles) Copy(t testing.TB) *TLSFiles {
+	t.Helper()
+	dir := t.TempDir()
+	c := &TLSFiles{dir: dir}
+	for _, p := range []struct {
+		dst *string
+		src string
+	}{
+		{&c.CA, f.CA}, {&c.Cert, f.Cert}, {&c.Key, f.Key}, {&c.ClientCert, f.ClientCert}, {&c.ClientKey, f.ClientKey},
+	} {
+		*p.dst = filepath.Join(dir, filepath.Base(p.src))
+		CopyFile(t, p.src, *p.dst)
+	}
+	return c
+}
+
 // RenewClient signs a renewal of the client certificate: for the name
 // client again, with a new key and serial number, valid for a day longer
 // than ClientCert. It returns the new certificate's and key's files (f's
 // own are left as they are). It is not safe for concurrent use.
 func (f *TLSFiles) RenewClient(t testing.TB) (cert, key string) {
 	t.Helper()
+	if f.caKey == nil {
+		t.Fatal("testenv: RenewClient on a copy of TLS files, which signs nothing")
+	}
 	n := f.issued + 1
 	cert, key = filepath.Join(f.dir, fmt.Sprintf("client-%d.pem", n)), filepath.Join(f.dir, fmt.Sprintf("client-%d-key.pem", n))
 	if err := f.issue("client", []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, nil, Certificate(t, f.ClientCert).NotAfter.Add(24*time.Hour), cert, key); err != nil {

@@ -116,10 +116,8 @@ func TestServerServesItsCertificate(t *testing.T) {
 // certificate, is reported once, and is tried again once the files change.
 func TestServerReloadsChangedFiles(t *testing.T) {
 	a, b := testenv.NewTLSFiles(t), testenv.NewTLSFiles(t)
-	dir := t.TempDir()
-	cert, key := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	testenv.CopyFile(t, a.Cert, cert)
-	testenv.CopyFile(t, a.Key, key)
+	c := a.Copy(t)
+	cert, key := c.Cert, c.Key
 	var got loads
 	srv, err := tlsfiles.NewServer(tlsfiles.ServerFiles{Cert: cert, Key: key}, got.record)
 	if err != nil {
@@ -274,11 +272,8 @@ func TestServerMutualTLS(t *testing.T) {
 func TestClientSourceReadsRenewedFiles(t *testing.T) {
 	a, b := testenv.NewTLSFiles(t), testenv.NewTLSFiles(t)
 	renewedCert, renewedKey := a.RenewClient(t)
-	dir := t.TempDir()
-	ca, cert, key := filepath.Join(dir, "ca.crt"), filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	testenv.CopyFile(t, a.CA, ca)
-	testenv.CopyFile(t, a.ClientCert, cert)
-	testenv.CopyFile(t, a.ClientKey, key)
+	c := a.Copy(t)
+	ca, cert, key := c.CA, c.ClientCert, c.ClientKey
 	var got loads
 	src, err := tlsfiles.NewClientSource(tlsfiles.ClientFiles{CA: ca, Cert: cert, Key: key, ServerName: "localhost"}, got.record)
 	if err != nil {

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -273,14 +272,12 @@ func TestTLSRenewedFiles(t *testing.T) {
 	r := testenv.RedisServer(t, testenv.WithTLS(true))
 	other := testenv.NewTLSFiles(t)
 	renewedCert, renewedKey := r.TLS.RenewClient(t)
-	dir := t.TempDir()
-	files := tlsfiles.ClientFiles{CA: filepath.Join(dir, "ca.crt"), Cert: filepath.Join(dir, "tls.crt"), Key: filepath.Join(dir, "tls.key")}
+	c := r.TLS.Copy(t)
+	files := tlsfiles.ClientFiles{CA: c.CA, Cert: c.ClientCert, Key: c.ClientKey}
 	put := func(cert, key string) {
 		testenv.CopyFile(t, cert, files.Cert)
 		testenv.CopyFile(t, key, files.Key)
 	}
-	testenv.CopyFile(t, r.TLS.CA, files.CA)
-	put(r.TLS.ClientCert, r.TLS.ClientKey)
 	src, err := tlsfiles.NewClientSource(files, nil)
 	if err != nil {
 		t.Fatal(err)
