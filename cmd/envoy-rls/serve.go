@@ -241,8 +241,9 @@ func (s *server) checkTLS() {
 }
 
 // serve runs the service until ctx ends, then stops gracefully. hup
-// triggers config reloads (and reads the TLS files). ready, when not nil, is called with the bound
-// addresses once every listener accepts connections (tests use it).
+// triggers config reloads (and reads the TLS files). ready, when not nil,
+// is called with the bound addresses once every listener accepts
+// connections (tests use it).
 func serve(ctx context.Context, o serveOptions, log *slog.Logger, hup <-chan os.Signal, ready func(addrs boundAddrs)) error {
 	headers, err := rls.ParseHeaderMode(o.headers)
 	if err != nil {
@@ -388,27 +389,21 @@ func (s *server) run(ctx context.Context, o serveOptions, hup <-chan os.Signal, 
 		goRun("debug server", func() error { return ignoreClosed(s.debug.Serve(dl)) })
 	}
 	goRun("config watcher", func() error { return ignoreCanceled(s.watcher.Run(runCtx)) })
-	if len(s.tlsChecks) > 0 {
-		goRun("TLS files", func() error {
-			tick := time.NewTicker(o.tlsCheckInterval)
-			defer tick.Stop()
-			for {
-				select {
-				case <-runCtx.Done():
-					return nil
-				case <-tick.C:
-					s.checkTLS()
-				}
-			}
-		})
-	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		var tlsTick <-chan time.Time // nil, never ready, without TLS files
+		if len(s.tlsChecks) > 0 {
+			t := time.NewTicker(o.tlsCheckInterval)
+			defer t.Stop()
+			tlsTick = t.C
+		}
 		for {
 			select {
 			case <-runCtx.Done():
 				return
+			case <-tlsTick:
+				s.checkTLS()
 			case <-hup:
 				s.log.Info("SIGHUP: reloading config")
 				s.watcher.Reload()

@@ -395,9 +395,9 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 }
 
 // report reads JSON results (files, or stdin when none are named), matches
-// each run with the ceiling run of the same mode, callers, rate and
-// descriptors per request, and prints the table (or the completed JSON with
-// --json).
+// each run with the ceiling run of the same mode, callers, rate,
+// descriptors per request and TLS, and prints the table (or the completed
+// JSON with --json).
 func report(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("rls-bench report", flag.ContinueOnError)
 	fs.SetOutput(stderr)
