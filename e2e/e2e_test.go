@@ -308,7 +308,7 @@ func TestEnvoyFailsOpenWithoutEnvoyRLS(t *testing.T) {
 }
 
 func TestRedisDownFollowsEachRulesFailureMode(t *testing.T) {
-	s := startStack(t, rlsOptions{Args: []string{"--fallback.instances", "1"}})
+	s := startStack(t, rlsOptions{Args: []string{"--fallback.instances", "1", "--log.format", "json"}})
 	checkOK(t, get(t, s.Envoy.URL, "/"), "per_ip", perIP, perIP-1)
 	s.Redis.Stop()
 
@@ -332,6 +332,20 @@ func TestRedisDownFollowsEachRulesFailureMode(t *testing.T) {
 	checkLimited(t, get(t, s.Envoy.URL, "/"), "per_ip", perIP)
 	if got := rlsMetric(t, s.RLS, "envoy_rls_fallback_active"); got != "1" {
 		t.Errorf("envoy_rls_fallback_active = %q, want 1", got)
+	}
+
+	// The log stays JSON: go-redis's complaint about the dials that
+	// failed comes through envoy-rls's logger, with the outage's line.
+	records := s.RLS.waitJSONRecord("go-redis's failed dial", func(r map[string]any) bool {
+		msg, _ := r["msg"].(string)
+		return r["component"] == "go-redis" && r["level"] == "WARN" && strings.HasPrefix(msg, "connection pool: failed to dial")
+	})
+	outage := false
+	for _, r := range records {
+		outage = outage || r["msg"] == "store unavailable: deciding by failure_mode"
+	}
+	if !outage {
+		t.Errorf("no \"store unavailable\" record in the log:\n%s", s.RLS.Log())
 	}
 }
 

@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -100,6 +102,46 @@ func (p *proc) Log() string {
 		b = b[len(b)-logTail:]
 	}
 	return string(b)
+}
+
+// waitJSONRecord polls the process log, which must be JSON records (slog's
+// JSON handler, one per line), until one satisfies match, and returns every
+// complete record read. A line that is no JSON record, the process's exit or
+// the deadline fails the test.
+func (p *proc) waitJSONRecord(what string, match func(map[string]any) bool) []map[string]any {
+	p.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	tick := time.NewTicker(pollInterval)
+	defer tick.Stop()
+	for {
+		b, err := os.ReadFile(p.log)
+		if err != nil {
+			p.t.Fatal(err)
+		}
+		// A record still being written has no newline yet.
+		b = b[:bytes.LastIndexByte(b, '\n')+1]
+		var records []map[string]any
+		found := false
+		for line := range bytes.Lines(b) {
+			var r map[string]any
+			if err := json.Unmarshal(line, &r); err != nil {
+				p.t.Fatalf("%s log: a line that is no JSON record (%v): %s", p.name, err, line)
+			}
+			records = append(records, r)
+			found = found || match(r)
+		}
+		if found {
+			return records
+		}
+		select {
+		case <-p.done:
+			p.t.Fatalf("%s exited before logging %s (%v):\n%s", p.name, what, p.err, p.Log())
+		case <-ctx.Done():
+			p.t.Fatalf("%s: no %s in its log after %v:\n%s", p.name, what, readyTimeout, p.Log())
+		case <-tick.C:
+		}
+	}
 }
 
 // waitHTTP polls url until it answers 200, the process exits or the deadline

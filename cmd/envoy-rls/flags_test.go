@@ -102,6 +102,7 @@ func TestServeFlagsOutOfRange(t *testing.T) {
 		{args: []string{"--redis.url", "redis://h:1", "--redis.timeout", "-1ms"}, want: "--redis.timeout -1ms: must be positive"},
 		{args: []string{"--deny-cache.max-ttl", "-1s"}, want: "--deny-cache.max-ttl -1s: must be positive"},
 		{args: []string{"--shutdown.drain-timeout", "-1s"}, want: "--shutdown.drain-timeout -1s"},
+		{args: []string{"--log.repeat-interval", "-1s"}, want: "--log.repeat-interval -1s: must be 0 (every line) or more"},
 		{args: []string{"--debug.top-capacity", "0"}, want: "--debug.top-capacity 0: must be 1 or more"},
 		{args: []string{"--metrics.near-limit-ratio", "1.5"}, want: "--metrics.near-limit-ratio 1.5"},
 		{args: []string{"--metrics.near-limit-ratio", "-0.1"}, want: "--metrics.near-limit-ratio -0.1"},
@@ -131,7 +132,7 @@ func TestServeFlagsOutOfRange(t *testing.T) {
 	}
 	// The boundaries of those ranges are accepted.
 	for _, args := range [][]string{
-		{"--shutdown.drain-timeout", "0s", "--metrics.near-limit-ratio", "0", "--deny-cache.max-entries", "0"},
+		{"--shutdown.drain-timeout", "0s", "--metrics.near-limit-ratio", "0", "--deny-cache.max-entries", "0", "--log.repeat-interval", "0s"},
 		{"--metrics.near-limit-ratio", "1", "--debug.top-capacity", "1", "--redis.sentinel-addrs", "h:26379", "--redis.sentinel-master", "m"},
 		{"--grpc.stream-workers", "0", "--grpc.conn-window", "65535", "--runtime.gc-percent", "1"},
 		{"--grpc.addr", "unix:/run/rls.sock", "--grpc.socket-mode", "0600"},

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"io"
 	"log/slog"
@@ -10,16 +11,18 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/envoy-rls/envoy-rls/internal/logevery"
 	"github.com/envoy-rls/envoy-rls/internal/tlsfiles"
 	"github.com/envoy-rls/envoy-rls/pkg/metrics"
 )
 
 // grpcServerTLS returns the gRPC server option that serves TLS with the
 // --grpc.tls.* files (reading renewed files at the next handshake), logging
-// and counting every load and failed handshake, and check, which reads the
-// files between handshakes; nils when TLS is off. A file that does not load
-// is a usageError.
-func grpcServerTLS(files tlsfiles.ServerFiles, log *slog.Logger, m *metrics.Metrics) (opt grpc.ServerOption, check func(), err error) {
+// every load, counting every load and failed handshake and logging the
+// failed handshakes through repeats, and check, which reads the files
+// between handshakes; nils when TLS is off. A file that does not load is a
+// usageError.
+func grpcServerTLS(files tlsfiles.ServerFiles, log *slog.Logger, repeats *logevery.Limiter, m *metrics.Metrics) (opt grpc.ServerOption, check func(), err error) {
 	if files.Cert == "" {
 		return nil, nil, nil
 	}
@@ -32,16 +35,19 @@ func grpcServerTLS(files tlsfiles.ServerFiles, log *slog.Logger, m *metrics.Metr
 	if err != nil {
 		return nil, nil, usageError{msg: "--grpc.tls.*: " + err.Error()}
 	}
-	return grpc.Creds(handshakeObserver{TransportCredentials: credentials.NewTLS(srv.Config()), log: log, tm: tm}), srv.Check, nil
+	return grpc.Creds(handshakeObserver{TransportCredentials: credentials.NewTLS(srv.Config()), log: log, repeats: repeats, tm: tm}), srv.Check, nil
 }
 
-// handshakeObserver is gRPC's TLS credentials, logging and counting every
-// server handshake that fails (grpc-go closes those connections with a log
-// line of its own only).
+// handshakeObserver is gRPC's TLS credentials, counting every server
+// handshake that fails and logging it through repeats (grpc-go closes those
+// connections with a log line of its own only). One line per interval: a
+// scanner, or an Envoy with the wrong certificate reconnecting, fails a
+// handshake per connection.
 type handshakeObserver struct {
 	credentials.TransportCredentials
-	log *slog.Logger
-	tm  *metrics.ListenerTLS
+	log     *slog.Logger
+	repeats *logevery.Limiter
+	tm      *metrics.ListenerTLS
 }
 
 func (h handshakeObserver) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
@@ -53,12 +59,13 @@ func (h handshakeObserver) ServerHandshake(conn net.Conn) (net.Conn, credentials
 		// TCP probe, most likely (grpc-go does not log these either).
 		h.log.Debug("gRPC TLS: connection closed during its handshake", "client", conn.RemoteAddr().String())
 	default:
-		h.log.Warn("gRPC TLS: handshake failed", "client", conn.RemoteAddr().String(), "err", err)
+		h.repeats.Log(context.Background(), h.log, slog.LevelWarn, "handshake", "gRPC TLS: handshake failed",
+			slog.String("client", conn.RemoteAddr().String()), slog.Any("err", err))
 		h.tm.HandshakeFailed()
 	}
 	return out, info, err
 }
 
 func (h handshakeObserver) Clone() credentials.TransportCredentials {
-	return handshakeObserver{TransportCredentials: h.TransportCredentials.Clone(), log: h.log, tm: h.tm}
+	return handshakeObserver{TransportCredentials: h.TransportCredentials.Clone(), log: h.log, repeats: h.repeats, tm: h.tm}
 }

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/envoy-rls/envoy-rls/internal/logevery"
 	"github.com/envoy-rls/envoy-rls/internal/testenv"
 	"github.com/envoy-rls/envoy-rls/internal/tlsfiles"
 	"github.com/envoy-rls/envoy-rls/pkg/metrics"
@@ -346,5 +348,27 @@ func TestHandshakeObserver(t *testing.T) {
 	}
 	if want := `msg="gRPC TLS: handshake failed" client=pipe`; !strings.Contains(log.String(), want) || !strings.Contains(log.String(), err.Error()) {
 		t.Errorf("log %q, want %q with the cause %q", log.String(), want, err)
+	}
+
+	// Through a repeats limiter (--log.repeat-interval): every failure
+	// counted, one line per interval, the next saying how many were held.
+	now := time.Unix(1e9, 0)
+	h.repeats = logevery.New(time.Minute, func() time.Time { return now })
+	plain := func(c net.Conn) { io.WriteString(c, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n") } //nolint:errcheck // the server may stop reading
+	for range 4 {
+		if handshake(plain) == nil {
+			t.Fatal("plain text: the handshake succeeded")
+		}
+	}
+	now = now.Add(time.Minute)
+	if handshake(plain) == nil {
+		t.Fatal("plain text: the handshake succeeded")
+	}
+	if got := failures(); got != 6 {
+		t.Errorf("%v failures counted, want 6", got)
+	}
+	lines := strings.Split(strings.TrimSpace(log.String()), "\n")
+	if len(lines) != 3 || strings.Contains(lines[1], "suppressed") || !strings.HasSuffix(lines[2], " suppressed=3") {
+		t.Errorf("log:\n%s\nwant 3 lines: the first failure, the first through the limiter, and one after its interval with suppressed=3", log.String())
 	}
 }

@@ -29,9 +29,11 @@ import (
 
 	"github.com/envoy-rls/envoy-rls/internal/gcpercent"
 	"github.com/envoy-rls/envoy-rls/internal/listen"
+	"github.com/envoy-rls/envoy-rls/internal/logevery"
 	"github.com/envoy-rls/envoy-rls/internal/tlsfiles"
 	"github.com/envoy-rls/envoy-rls/pkg/descriptors"
 	"github.com/envoy-rls/envoy-rls/pkg/metrics"
+	"github.com/envoy-rls/envoy-rls/pkg/redisbackend"
 	"github.com/envoy-rls/envoy-rls/pkg/rls"
 )
 
@@ -54,11 +56,14 @@ type serveOptions struct {
 	shadow           bool
 	logLevel         string
 	logFormat        string
-	drainTimeout     time.Duration
-	nearLimit        float64
-	gc               *gcpercent.Flag
-	store            storeOptions
-	debug            debugOptions
+	// logRepeat bounds the log lines that can come once per request or
+	// connection: one line of each kind per interval.
+	logRepeat    time.Duration
+	drainTimeout time.Duration
+	nearLimit    float64
+	gc           *gcpercent.Flag
+	store        storeOptions
+	debug        debugOptions
 }
 
 func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
@@ -80,6 +85,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&o.shadow, "shadow", false, "shadow mode for every rule: count and report, never deny")
 	fs.StringVar(&o.logLevel, "log.level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&o.logFormat, "log.format", "text", "log format: text or json")
+	fs.DurationVar(&o.logRepeat, "log.repeat-interval", 10*time.Second, "the lines that can come once per request or connection (a failed check, a failed TLS handshake, go-redis's complaints) are written once per interval for each kind, the next one saying how many were held back (suppressed=N); 0 writes every line")
 	fs.Float64Var(&o.nearLimit, "metrics.near-limit-ratio", 0.8, "used fraction of a limit from which an admitted request counts in envoy_rls_near_limit_total (0 disables it)")
 	fs.DurationVar(&o.drainTimeout, "shutdown.drain-timeout", 10*time.Second, "how long a graceful stop waits for in-flight requests")
 	o.gc = gcpercent.New(fs, "runtime.gc-percent", "the Go garbage collector's GOGC: heap growth, in percent of the live heap, that starts a collection (1 or more); when the GOGC variable is set and this flag is not given, GOGC applies")
@@ -159,6 +165,8 @@ func (o serveOptions) checkRanges() error {
 		return usageError{msg: fmt.Sprintf("--grpc.conn-window %d: must be 0 or from 65535 to %d bytes", o.grpcWindow, math.MaxInt32)}
 	case o.store.redisSpareAfter < 0:
 		return usageError{msg: fmt.Sprintf("--redis.spare-after %v: must be 0 or more", o.store.redisSpareAfter)}
+	case o.logRepeat < 0:
+		return usageError{msg: fmt.Sprintf("--log.repeat-interval %v: must be 0 (every line) or more", o.logRepeat)}
 	case o.drainTimeout < 0:
 		return usageError{msg: fmt.Sprintf("--shutdown.drain-timeout %v: must be 0 (stop at once) or more", o.drainTimeout)}
 	case o.debug.topCapacity < 1:
@@ -211,6 +219,8 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, lookupEnv f
 	// The flag counts as given from its ENVOY_RLS_ variable too.
 	gogc, from := o.gc.Apply(lookupEnv, debug.SetGCPercent)
 	log.Info("garbage collector", "gogc", gogc, "from", from)
+	// Process-wide too: go-redis has one logger for all its clients.
+	redisbackend.SetClientLogger(log, o.logRepeat)
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -257,7 +267,7 @@ func serve(ctx context.Context, o serveOptions, log *slog.Logger, hup <-chan os.
 	}
 	// The listener's certificate is read before anything connects, so
 	// that a missing file stops the start at once.
-	creds, checkGRPCTLS, err := grpcServerTLS(o.grpcTLS, log, m)
+	creds, checkGRPCTLS, err := grpcServerTLS(o.grpcTLS, log, logevery.New(o.logRepeat, nil), m)
 	if err != nil {
 		return err
 	}
@@ -289,6 +299,7 @@ func serve(ctx context.Context, o serveOptions, log *slog.Logger, hup <-chan os.
 		Headers:  headers,
 		Shadow:   o.shadow,
 		Logger:   log,
+		LogEvery: o.logRepeat,
 		Observer: dbg.observer(rlsObserver{m: m, nearLimit: o.nearLimit}),
 	})
 	if err != nil {

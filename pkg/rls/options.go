@@ -3,6 +3,7 @@ package rls
 import (
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/envoy-rls/envoy-rls/pkg/descriptors"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
@@ -207,6 +208,13 @@ type Options struct {
 	// Logger receives unknown-domain notices and limiter errors. Default:
 	// discard.
 	Logger *slog.Logger
+	// LogEvery bounds the limiter-error lines, which can come once per
+	// request (every caller giving up while Redis is slow): the line of
+	// each gRPC code is written at most once per LogEvery, and the next one
+	// says how many were held back. Zero writes every line.
+	LogEvery time.Duration
+	// Now is LogEvery's clock. Default time.Now.
+	Now func() time.Time
 	// Limits bounds request sizes; see RequestLimits for the defaults.
 	Limits RequestLimits
 	// Observer receives decisions for metrics. Default: none.

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/envoy-rls/envoy-rls/internal/logevery"
 	"github.com/envoy-rls/envoy-rls/pkg/descriptors"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
 )
@@ -28,6 +29,7 @@ type Service struct {
 	limits  RequestLimits
 	obs     Observer
 	unknown unknownDomains
+	errLogs *logevery.Limiter
 	pool    sync.Pool // *scratch
 }
 
@@ -59,6 +61,7 @@ func New(opts Options) (*Service, error) {
 		limits:  opts.Limits.withDefaults(),
 		obs:     opts.Observer,
 		unknown: unknownDomains{max: maxUnknown},
+		errLogs: logevery.New(opts.LogEvery, opts.Now),
 	}
 	s.pool.New = func() any { return new(scratch) }
 	return s, nil
@@ -196,7 +199,7 @@ func (s *Service) limiterError(ctx context.Context, domain string, err error) er
 	case errors.Is(err, limiter.ErrUnavailable):
 		code = codes.Unavailable
 	}
-	s.log.LogAttrs(ctx, slog.LevelWarn, "rate limit check failed",
+	s.errLogs.Log(ctx, s.log, slog.LevelWarn, code.String(), "rate limit check failed",
 		slog.String("domain", domain), slog.String("code", code.String()), slog.Any("error", err))
 	return status.Errorf(code, "rate limit check: %v", err)
 }

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -828,6 +829,65 @@ func TestLimiterAndConfigErrors(t *testing.T) {
 	e := newEnv(t, nil, Options{Config: staticConfig{nil}})
 	if _, err := e.call(request("test", desc("user", "u"))); status.Code(err) != codes.Unavailable {
 		t.Errorf("no config: %v", err)
+	}
+}
+
+// failingWith is a Limiter that fails with the error it holds.
+type failingWith struct{ err atomic.Pointer[error] }
+
+func (f *failingWith) set(err error) { f.err.Store(&err) }
+
+func (f *failingWith) Check(context.Context, []limiter.Request, []limiter.Result) error {
+	return *f.err.Load()
+}
+
+// TestLimiterErrorLinesAreBounded: a limiter error can come with every
+// request, so each code's line is written once per LogEvery, and the next
+// one counts those held back; another code has lines of its own.
+func TestLimiterErrorLinesAreBounded(t *testing.T) {
+	lim := &failingWith{}
+	e := newEnv(t, testFiles, Options{Limiter: lim, LogEvery: 10 * time.Second})
+	lines := func() []string {
+		var out []string
+		for _, l := range strings.Split(e.logs.String(), "\n") {
+			if strings.Contains(l, "rate limit check failed") {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	fail := func(err error, n int) {
+		t.Helper()
+		lim.set(err)
+		for range n {
+			if _, err := e.call(request("test", desc("user", "u"))); err == nil {
+				t.Fatal("a failing limiter's request answered without an error")
+			}
+		}
+	}
+	slow := fmt.Errorf("redis: %w", context.DeadlineExceeded)
+	fail(slow, 5)
+	fail(errors.New("boom"), 1)
+	e.clock.Advance(9 * time.Second)
+	fail(slow, 2)
+	e.clock.Advance(time.Second)
+	fail(slow, 1)
+
+	got := lines()
+	want := []string{"code=DeadlineExceeded", "code=Internal", "code=DeadlineExceeded"}
+	if len(got) != len(want) {
+		t.Fatalf("%d lines, want %d (each code once per interval):\n%s", len(got), len(want), strings.Join(got, "\n"))
+	}
+	for i, w := range want {
+		if !strings.Contains(got[i], w) {
+			t.Errorf("line %d: %s; want %s", i, got[i], w)
+		}
+	}
+	if strings.Contains(got[0], "suppressed") || strings.Contains(got[1], "suppressed") {
+		t.Errorf("a first line says it follows held lines:\n%s", strings.Join(got, "\n"))
+	}
+	if !strings.HasSuffix(got[2], " suppressed=6") {
+		t.Errorf("the line after the interval: %s; want suppressed=6 (4 + 2 held back)", got[2])
 	}
 }
 
