@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"errors"
 	"io"
@@ -151,6 +152,8 @@ func TestServeGRPCTLS(t *testing.T) {
 		"client didn't provide a certificate",
 		"client certificate names none of client (it names localhost, 127.0.0.1)",
 		"client=127.0.0.1:",
+		`cause="not TLS"`,
+		`cause="client certificate"`,
 	} {
 		if !strings.Contains(logged, want) {
 			t.Errorf("log lacks %q:\n%s", want, logged)
@@ -312,10 +315,25 @@ func TestHandshakeObserver(t *testing.T) {
 		return v
 	}
 	// handshake runs the server's handshake on one end of a pipe while
-	// client acts on the other, and returns the server's error.
+	// client acts on the other, and returns the server's error. A
+	// loopback TCP connection, not net.Pipe: a pipe has no buffer, and a
+	// client that refuses the server's certificate writes its alert while
+	// the server still writes its flight.
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
 	handshake := func(client func(net.Conn)) error {
 		t.Helper()
-		s, c := net.Pipe()
+		c, err := net.Dial("tcp", lis.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := lis.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
@@ -323,7 +341,7 @@ func TestHandshakeObserver(t *testing.T) {
 			io.Copy(io.Discard, c) //nolint:errcheck // until the server closes
 			c.Close()
 		}()
-		_, _, err := h.ServerHandshake(s)
+		_, _, err = h.ServerHandshake(s)
 		s.Close()
 		<-done
 		return err
@@ -346,29 +364,48 @@ func TestHandshakeObserver(t *testing.T) {
 	if got := failures(); got != 1 {
 		t.Errorf("plain text counted %v failures, want 1", got)
 	}
-	if want := `msg="gRPC TLS: handshake failed" client=pipe`; !strings.Contains(log.String(), want) || !strings.Contains(log.String(), err.Error()) {
+	if want := `msg="gRPC TLS: handshake failed" client=127.0.0.1:`; !strings.Contains(log.String(), want) || !strings.Contains(log.String(), err.Error()) {
 		t.Errorf("log %q, want %q with the cause %q", log.String(), want, err)
 	}
 
-	// Through a repeats limiter (--log.repeat-interval): every failure
-	// counted, one line per interval, the next saying how many were held.
+	// Through a limiter (--log.repeat-interval): every failure counted,
+	// one line per interval for each class of cause, the next saying how
+	// many were held, and Flush reporting a class that fell quiet.
 	now := time.Unix(1e9, 0)
-	h.repeats = logevery.New(time.Minute, func() time.Time { return now })
-	plain := func(c net.Conn) { io.WriteString(c, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n") } //nolint:errcheck // the server may stop reading
-	for range 4 {
-		if handshake(plain) == nil {
-			t.Fatal("plain text: the handshake succeeded")
+	lines := logevery.New(time.Minute, func() time.Time { return now })
+	h.lines = lines
+	plain := func(c net.Conn) { io.WriteString(c, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n") }                //nolint:errcheck // the server may stop reading
+	untrusting := func(c net.Conn) { tls.Client(c, &tls.Config{ServerName: "localhost"}).Handshake() } //nolint:errcheck,gosec // it refuses a certificate of an unknown authority
+	for _, client := range []func(net.Conn){plain, plain, plain, plain, untrusting, untrusting} {
+		if handshake(client) == nil {
+			t.Fatal("the handshake succeeded")
 		}
 	}
 	now = now.Add(time.Minute)
 	if handshake(plain) == nil {
 		t.Fatal("plain text: the handshake succeeded")
 	}
-	if got := failures(); got != 6 {
-		t.Errorf("%v failures counted, want 6", got)
+	lines.Flush(context.Background())
+	if got := failures(); got != 8 {
+		t.Errorf("%v failures counted, want 8", got)
 	}
-	lines := strings.Split(strings.TrimSpace(log.String()), "\n")
-	if len(lines) != 3 || strings.Contains(lines[1], "suppressed") || !strings.HasSuffix(lines[2], " suppressed=3") {
-		t.Errorf("log:\n%s\nwant 3 lines: the first failure, the first through the limiter, and one after its interval with suppressed=3", log.String())
+	logged := strings.Split(strings.TrimSpace(log.String()), "\n")
+	want := []string{
+		`msg="gRPC TLS: handshake failed" client=127.0.0.1:`,
+		`cause="not TLS"`,
+		`cause="client alert"`,
+		`cause="not TLS"`,
+		`kind="TLS handshake: client alert" suppressed=1`,
+	}
+	if len(logged) != len(want) {
+		t.Fatalf("log:\n%s\nwant %d lines: the first failure, then through the limiter a plain-text one, a client's alert, a plain-text one after the interval, and the alert's flush", log.String(), len(want))
+	}
+	for i, w := range want {
+		if !strings.Contains(logged[i], w) {
+			t.Errorf("line %d: %s\nwant %s", i, logged[i], w)
+		}
+	}
+	if !strings.HasSuffix(logged[3], " suppressed=3") {
+		t.Errorf("the plain-text line after the interval: %s\nwant suppressed=3", logged[3])
 	}
 }

@@ -398,3 +398,76 @@ func redisServeOptions(t *testing.T, redis *testenv.Redis, yaml string, tune fun
 	}
 	return o
 }
+
+// TestServeBoundsRepeatedLines: callers that give up while Redis is stalled
+// fail their checks one after another; with --log.repeat-interval the log
+// has one "rate limit check failed" line for them, and the stop reports the
+// ones held back. Redis is paused with one coalescing slot: the first
+// request holds the slot in its call, and the next ones wait in the queue,
+// which a caller's cancel leaves at once.
+func TestServeBoundsRepeatedLines(t *testing.T) {
+	redis := testenv.RedisServer(t)
+	var log testenv.Buffer
+	o := redisServeOptions(t, redis, "domain: r\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 100}\n", func(o *serveOptions) {
+		o.logRepeat = time.Hour
+		o.store.redisSenders = 1
+		o.store.redisTimeout = time.Minute // the callers give up first
+	})
+	r := startServeLog(t, o, &log)
+	if ok := r.admitted(t, 1, "r", "k", "v"); ok != 1 {
+		t.Fatalf("admitted %d of 1", ok)
+	}
+	checks := func() float64 {
+		v, _ := value(scrape(t, r), "envoy_rls_redis_checks_total")
+		return v
+	}
+	base := checks()
+	redis.Pause()
+	resumed := false
+	t.Cleanup(func() {
+		if !resumed {
+			redis.Resume()
+		}
+	})
+	// send starts a request and returns once it is in the store; cancel
+	// ends it and returns its error.
+	send := func(n float64) (cancel func() error) {
+		ctx, stop := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() {
+			_, err := r.client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "r", Descriptors: []*commonrl.RateLimitDescriptor{desc("k", "v")}})
+			errc <- err
+		}()
+		scrapeUntil(t, r, "envoy_rls_redis_checks_total", base+n)
+		return func() error { stop(); return <-errc }
+	}
+	lead := send(1)
+	const queued = 3
+	for i := range queued {
+		if err := send(float64(2 + i))(); status.Code(err) != codes.Canceled {
+			t.Fatalf("request %d: %v, want Canceled", i, err)
+		}
+	}
+	scrapeUntil(t, r, "envoy_rls_requests_total", queued, "code", "Canceled")
+	failed := func() []string {
+		var out []string
+		for _, l := range strings.Split(log.String(), "\n") {
+			if strings.Contains(l, "rate limit check failed") {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	if got := failed(); len(got) != 1 || !strings.Contains(got[0], "domain=r code=Canceled") || strings.Contains(got[0], "suppressed") {
+		t.Fatalf("lines for %d failed checks within the interval:\n%s\nwant one, code=Canceled", queued, strings.Join(got, "\n"))
+	}
+
+	lead() //nolint:errcheck // its call completes when Redis resumes, whatever the caller did
+	redis.Resume()
+	resumed = true
+	r.stop()
+	got := failed()
+	if len(got) != 2 || !strings.HasSuffix(got[1], `kind="code=Canceled domain=r" suppressed=2`) {
+		t.Fatalf("after the stop:\n%s\nwant the first line and the stop's report of the 2 held back", strings.Join(got, "\n"))
+	}
+}

@@ -85,7 +85,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&o.shadow, "shadow", false, "shadow mode for every rule: count and report, never deny")
 	fs.StringVar(&o.logLevel, "log.level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&o.logFormat, "log.format", "text", "log format: text or json")
-	fs.DurationVar(&o.logRepeat, "log.repeat-interval", 10*time.Second, "the lines that can come once per request or connection (a failed check, a failed TLS handshake, go-redis's complaints) are written once per interval for each kind, the next one saying how many were held back (suppressed=N); 0 writes every line")
+	fs.DurationVar(&o.logRepeat, "log.repeat-interval", 10*time.Second, "the lines that can come once per request or connection (a failed check, a failed TLS handshake, go-redis's warnings) are written once per interval for each kind, the next one saying how many were held back (suppressed=N), and a kind that falls quiet is reported at the end of its interval and at stop; 0 writes every line")
 	fs.Float64Var(&o.nearLimit, "metrics.near-limit-ratio", 0.8, "used fraction of a limit from which an admitted request counts in envoy_rls_near_limit_total (0 disables it)")
 	fs.DurationVar(&o.drainTimeout, "shutdown.drain-timeout", 10*time.Second, "how long a graceful stop waits for in-flight requests")
 	o.gc = gcpercent.New(fs, "runtime.gc-percent", "the Go garbage collector's GOGC: heap growth, in percent of the live heap, that starts a collection (1 or more); when the GOGC variable is set and this flag is not given, GOGC applies")
@@ -219,8 +219,6 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, lookupEnv f
 	// The flag counts as given from its ENVOY_RLS_ variable too.
 	gogc, from := o.gc.Apply(lookupEnv, debug.SetGCPercent)
 	log.Info("garbage collector", "gogc", gogc, "from", from)
-	// Process-wide too: go-redis has one logger for all its clients.
-	redisbackend.SetClientLogger(log, o.logRepeat)
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -229,7 +227,10 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, lookupEnv f
 
 // server is one running envoy-rls: its listeners, config and store.
 type server struct {
-	log     *slog.Logger
+	log *slog.Logger
+	// lines bounds the lines that can come once per request or
+	// connection; run flushes it once per interval.
+	lines   *logevery.Limiter
 	watcher *descriptors.Watcher
 	store   *store
 	health  *healthService
@@ -265,9 +266,17 @@ func serve(ctx context.Context, o serveOptions, log *slog.Logger, hup <-chan os.
 	if err != nil {
 		return err
 	}
+	// One bound for every line that can come once per request or
+	// connection, flushed by run once per interval and here at the end.
+	lines := logevery.New(o.logRepeat, nil)
+	// go-redis has one logger per process, and a process one serve (tests
+	// run theirs one after another).
+	redisbackend.SetClientLogger(log, lines)
+	defer redisbackend.SetClientLogger(nil, nil)
+	defer lines.FlushAll(context.Background())
 	// The listener's certificate is read before anything connects, so
 	// that a missing file stops the start at once.
-	creds, checkGRPCTLS, err := grpcServerTLS(o.grpcTLS, log, logevery.New(o.logRepeat, nil), m)
+	creds, checkGRPCTLS, err := grpcServerTLS(o.grpcTLS, log, lines, m)
 	if err != nil {
 		return err
 	}
@@ -299,7 +308,7 @@ func serve(ctx context.Context, o serveOptions, log *slog.Logger, hup <-chan os.
 		Headers:  headers,
 		Shadow:   o.shadow,
 		Logger:   log,
-		LogEvery: o.logRepeat,
+		Lines:    lines,
 		Observer: dbg.observer(rlsObserver{m: m, nearLimit: o.nearLimit}),
 	})
 	if err != nil {
@@ -307,7 +316,7 @@ func serve(ctx context.Context, o serveOptions, log *slog.Logger, hup <-chan os.
 	}
 	dbg.setService(svc)
 
-	s := &server{log: log, watcher: watcher, store: st, reg: reg, health: newHealthService(), dbg: dbg}
+	s := &server{log: log, lines: lines, watcher: watcher, store: st, reg: reg, health: newHealthService(), dbg: dbg}
 	for _, check := range []func(){checkGRPCTLS, st.checkTLS} {
 		if check != nil {
 			s.tlsChecks = append(s.tlsChecks, check)
@@ -341,9 +350,12 @@ func serve(ctx context.Context, o serveOptions, log *slog.Logger, hup <-chan os.
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus("envoy.service.ratelimit.v3.RateLimitService", healthpb.HealthCheckResponse_SERVING)
 
-	s.http = &http.Server{Handler: s.httpMux(), ReadHeaderTimeout: 5 * time.Second}
+	// net/http's own lines (an accept error, a handler's panic) through
+	// the service's logger too, not the standard library's default one.
+	httpLog := slog.NewLogLogger(log.With("component", "http").Handler(), slog.LevelWarn)
+	s.http = &http.Server{Handler: s.httpMux(), ReadHeaderTimeout: 5 * time.Second, ErrorLog: httpLog}
 	if o.debugAddr != "" {
-		s.debug = &http.Server{Handler: s.debugMux(), ReadHeaderTimeout: 5 * time.Second}
+		s.debug = &http.Server{Handler: s.debugMux(), ReadHeaderTimeout: 5 * time.Second, ErrorLog: httpLog}
 	}
 	return s.run(ctx, o, hup, ready)
 }
@@ -403,16 +415,23 @@ func (s *server) run(ctx context.Context, o serveOptions, hup <-chan os.Signal, 
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		var tlsTick <-chan time.Time // nil, never ready, without TLS files
+		var tlsTick, flushTick <-chan time.Time // nil, never ready, without TLS files or a log interval
 		if len(s.tlsChecks) > 0 {
 			t := time.NewTicker(o.tlsCheckInterval)
 			defer t.Stop()
 			tlsTick = t.C
 		}
+		if d := s.lines.Interval(); d > 0 {
+			t := time.NewTicker(d)
+			defer t.Stop()
+			flushTick = t.C
+		}
 		for {
 			select {
 			case <-runCtx.Done():
 				return
+			case <-flushTick:
+				s.lines.Flush(runCtx)
 			case <-tlsTick:
 				s.checkTLS()
 			case <-hup:

@@ -24,6 +24,7 @@ type record struct {
 	Level      string `json:"level"`
 	Kind       string `json:"kind"`
 	Suppressed *int   `json:"suppressed"`
+	I          *int   `json:"i"`
 }
 
 // jsonLog returns a logger writing JSON lines at level to a buffer, and a
@@ -185,5 +186,70 @@ func TestKindsBeyondTheBoundAreWrittenEveryTime(t *testing.T) {
 		if r.Msg != "beyond" {
 			t.Fatalf("line %+v written: a remembered kind inside its interval must be held", r)
 		}
+	}
+}
+
+// TestFlushReportsAQuietKind: lines held back when their kind falls quiet
+// are reported by Flush once the interval is over, and by FlushAll at once;
+// nothing is reported twice, and a kind without held lines gets none.
+func TestFlushReportsAQuietKind(t *testing.T) {
+	var c clock
+	log, lines := jsonLog(t, slog.LevelInfo)
+	l := New(10*time.Second, c.now)
+	ctx := context.Background()
+	for i := range 4 {
+		l.Log(ctx, log, slog.LevelWarn, "a", "storm", slog.Int("i", i))
+	}
+	l.Log(ctx, log, slog.LevelError, "b", "once")
+	l.Log(ctx, log, slog.LevelInfo, "c", "twice")
+	l.Log(ctx, log, slog.LevelInfo, "c", "twice")
+	l.Flush(ctx) // inside every interval: nothing
+	if got := lines(); len(got) != 3 {
+		t.Fatalf("%d lines before the interval is over, want 3 (a, b and c's first): %+v", len(got), got)
+	}
+	c.advance(10 * time.Second)
+	l.Flush(ctx)
+	l.Flush(ctx) // reported once
+	got := lines()[3:]
+	if len(got) != 2 {
+		t.Fatalf("Flush wrote %+v, want one line for a and one for c", got)
+	}
+	if got[0].Msg != "storm" || got[0].Level != "WARN" || got[0].Kind != "a" || suppressed(got[0]) != 3 || got[0].I != nil {
+		t.Errorf("a's flush line %+v: want storm at WARN, kind a, suppressed 3, without a held line's attributes", got[0])
+	}
+	if got[1].Msg != "twice" || got[1].Level != "INFO" || got[1].Kind != "c" || suppressed(got[1]) != 1 {
+		t.Errorf("c's flush line %+v: want twice at INFO, kind c, suppressed 1", got[1])
+	}
+
+	// FlushAll does not wait for the interval; a new line of a flushed
+	// kind is held again (a line per interval at most).
+	l.Log(ctx, log, slog.LevelWarn, "a", "storm")
+	l.Log(ctx, log, slog.LevelWarn, "a", "storm")
+	l.FlushAll(ctx)
+	got = lines()[5:]
+	if len(got) != 1 || got[0].Kind != "a" || suppressed(got[0]) != 2 {
+		t.Fatalf("FlushAll wrote %+v, want a's line with suppressed 2", got)
+	}
+	l.FlushAll(ctx)
+	if n := len(lines()); n != 6 {
+		t.Fatalf("a second FlushAll wrote %d lines", n-6)
+	}
+}
+
+// TestAQuietGapDoesNotOpenABurst: after a gap longer than the interval, one
+// line is written and the next ones are held again, rather than a line for
+// each interval the gap spanned.
+func TestAQuietGapDoesNotOpenABurst(t *testing.T) {
+	var c clock
+	log, lines := jsonLog(t, slog.LevelInfo)
+	l := New(time.Second, c.now)
+	ctx := context.Background()
+	l.Log(ctx, log, slog.LevelWarn, "k", "x")
+	c.advance(time.Minute)
+	for range 5 {
+		l.Log(ctx, log, slog.LevelWarn, "k", "x")
+	}
+	if got := lines(); len(got) != 2 {
+		t.Fatalf("%d lines, want 2: the first, and one after the gap", len(got))
 	}
 }

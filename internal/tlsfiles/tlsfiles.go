@@ -480,8 +480,19 @@ func verifyClientNames(names []string) func(tls.ConnectionState) error {
 				return nil
 			}
 		}
-		return fmt.Errorf("client certificate names none of %s (it names %s)", strings.Join(names, ", "), strings.Join(SANs(c), ", "))
+		return &ClientNameError{Accepted: names, Names: SANs(c)}
 	}
+}
+
+// ClientNameError refuses a client whose verified certificate names none of
+// the names accepted (--grpc.tls.client-san): the handshake fails with it.
+type ClientNameError struct {
+	Accepted []string // the names accepted
+	Names    []string // the certificate's names (SANs)
+}
+
+func (e *ClientNameError) Error() string {
+	return fmt.Sprintf("client certificate names none of %s (it names %s)", strings.Join(e.Accepted, ", "), strings.Join(e.Names, ", "))
 }
 
 // SANs lists the subject alternative names of c: DNS names, URIs, IP

@@ -119,9 +119,6 @@ func newEnv(t *testing.T, files map[string]string, opts Options, sopts ...grpc.S
 	}
 	opts.Observer = e.obs
 	opts.Logger = slog.New(slog.NewTextHandler(e.logs, nil))
-	if opts.Now == nil {
-		opts.Now = e.clock.Now
-	}
 	svc, err := New(opts)
 	if err != nil {
 		t.Fatal(err)

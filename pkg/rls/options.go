@@ -1,9 +1,9 @@
 package rls
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
-	"time"
 
 	"github.com/envoy-rls/envoy-rls/pkg/descriptors"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
@@ -193,6 +193,19 @@ type Observer interface {
 	UnknownDomain(domain string)
 }
 
+// LineLimiter writes log lines of one kind at most so often
+// (internal/logevery.Limiter).
+type LineLimiter interface {
+	Log(ctx context.Context, log *slog.Logger, level slog.Level, kind, msg string, attrs ...slog.Attr)
+}
+
+// everyLine is the LineLimiter that writes every line.
+type everyLine struct{}
+
+func (everyLine) Log(ctx context.Context, log *slog.Logger, level slog.Level, _, msg string, attrs ...slog.Attr) {
+	log.LogAttrs(ctx, level, msg, attrs...)
+}
+
 // Options configures a Service.
 type Options struct {
 	// Config supplies the current descriptor configuration. Required.
@@ -208,13 +221,12 @@ type Options struct {
 	// Logger receives unknown-domain notices and limiter errors. Default:
 	// discard.
 	Logger *slog.Logger
-	// LogEvery bounds the limiter-error lines, which can come once per
-	// request (every caller giving up while Redis is slow): the line of
-	// each gRPC code is written at most once per LogEvery, and the next one
-	// says how many were held back. Zero writes every line.
-	LogEvery time.Duration
-	// Now is LogEvery's clock. Default time.Now.
-	Now func() time.Time
+	// Lines bounds the limiter-error lines, which can come once per
+	// request (every caller giving up while Redis is slow): each kind, a
+	// gRPC code in a domain, goes through Lines.Log
+	// (internal/logevery.Limiter writes it at most once per interval).
+	// Default: every line is written.
+	Lines LineLimiter
 	// Limits bounds request sizes; see RequestLimits for the defaults.
 	Limits RequestLimits
 	// Observer receives decisions for metrics. Default: none.

@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/envoy-rls/envoy-rls/internal/logevery"
 	"github.com/envoy-rls/envoy-rls/pkg/descriptors"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
 )
@@ -29,7 +28,7 @@ type Service struct {
 	limits  RequestLimits
 	obs     Observer
 	unknown unknownDomains
-	errLogs *logevery.Limiter
+	lines   LineLimiter
 	pool    sync.Pool // *scratch
 }
 
@@ -61,7 +60,10 @@ func New(opts Options) (*Service, error) {
 		limits:  opts.Limits.withDefaults(),
 		obs:     opts.Observer,
 		unknown: unknownDomains{max: maxUnknown},
-		errLogs: logevery.New(opts.LogEvery, opts.Now),
+		lines:   opts.Lines,
+	}
+	if s.lines == nil {
+		s.lines = everyLine{}
 	}
 	s.pool.New = func() any { return new(scratch) }
 	return s, nil
@@ -199,7 +201,7 @@ func (s *Service) limiterError(ctx context.Context, domain string, err error) er
 	case errors.Is(err, limiter.ErrUnavailable):
 		code = codes.Unavailable
 	}
-	s.errLogs.Log(ctx, s.log, slog.LevelWarn, code.String(), "rate limit check failed",
+	s.lines.Log(ctx, s.log, slog.LevelWarn, "code="+code.String()+" domain="+domain, "rate limit check failed",
 		slog.String("domain", domain), slog.String("code", code.String()), slog.Any("error", err))
 	return status.Errorf(code, "rate limit check: %v", err)
 }

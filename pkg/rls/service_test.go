@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/envoy-rls/envoy-rls/internal/logevery"
 	"github.com/envoy-rls/envoy-rls/pkg/algorithm"
 	"github.com/envoy-rls/envoy-rls/pkg/descriptors"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
@@ -846,8 +847,12 @@ func (f *failingWith) Check(context.Context, []limiter.Request, []limiter.Result
 // one counts those held back; another code has lines of its own.
 func TestLimiterErrorLinesAreBounded(t *testing.T) {
 	lim := &failingWith{}
-	e := newEnv(t, testFiles, Options{Limiter: lim, LogEvery: 10 * time.Second})
-	lines := func() []string {
+	var now atomic.Int64
+	lines := logevery.New(10*time.Second, func() time.Time { return time.Unix(0, now.Load()) })
+	files := map[string]string{"test.yaml": testYAML, "other.yaml": "domain: other\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n"}
+	e := newEnv(t, files, Options{Limiter: lim, Lines: lines})
+	advance := func(d time.Duration) { now.Add(int64(d)) }
+	logged := func() []string {
 		var out []string
 		for _, l := range strings.Split(e.logs.String(), "\n") {
 			if strings.Contains(l, "rate limit check failed") {
@@ -856,38 +861,48 @@ func TestLimiterErrorLinesAreBounded(t *testing.T) {
 		}
 		return out
 	}
-	fail := func(err error, n int) {
+	fail := func(domain string, err error, n int) {
 		t.Helper()
 		lim.set(err)
 		for range n {
-			if _, err := e.call(request("test", desc("user", "u"))); err == nil {
+			if _, err := e.call(request(domain, desc("user", "u"))); err == nil {
 				t.Fatal("a failing limiter's request answered without an error")
 			}
 		}
 	}
 	slow := fmt.Errorf("redis: %w", context.DeadlineExceeded)
-	fail(slow, 5)
-	fail(errors.New("boom"), 1)
-	e.clock.Advance(9 * time.Second)
-	fail(slow, 2)
-	e.clock.Advance(time.Second)
-	fail(slow, 1)
+	fail("test", slow, 5)
+	fail("test", errors.New("boom"), 1)
+	fail("other", slow, 2)
+	advance(9 * time.Second)
+	fail("test", slow, 2)
+	advance(time.Second)
+	fail("test", slow, 1)
+	lines.Flush(context.Background()) // other's held line
 
-	got := lines()
-	want := []string{"code=DeadlineExceeded", "code=Internal", "code=DeadlineExceeded"}
+	got := logged()
+	want := []string{
+		"domain=test code=DeadlineExceeded",
+		"domain=test code=Internal",
+		"domain=other code=DeadlineExceeded",
+		"domain=test code=DeadlineExceeded",
+		`msg="rate limit check failed" kind="code=DeadlineExceeded domain=other" suppressed=1`,
+	}
 	if len(got) != len(want) {
-		t.Fatalf("%d lines, want %d (each code once per interval):\n%s", len(got), len(want), strings.Join(got, "\n"))
+		t.Fatalf("%d lines, want %d (each code in each domain once per interval, then other's flush):\n%s", len(got), len(want), strings.Join(got, "\n"))
 	}
 	for i, w := range want {
 		if !strings.Contains(got[i], w) {
 			t.Errorf("line %d: %s; want %s", i, got[i], w)
 		}
 	}
-	if strings.Contains(got[0], "suppressed") || strings.Contains(got[1], "suppressed") {
-		t.Errorf("a first line says it follows held lines:\n%s", strings.Join(got, "\n"))
+	for _, i := range []int{0, 1, 2} {
+		if strings.Contains(got[i], "suppressed") {
+			t.Errorf("a first line says it follows held lines: %s", got[i])
+		}
 	}
-	if !strings.HasSuffix(got[2], " suppressed=6") {
-		t.Errorf("the line after the interval: %s; want suppressed=6 (4 + 2 held back)", got[2])
+	if !strings.HasSuffix(got[3], " suppressed=6") {
+		t.Errorf("the line after the interval: %s; want suppressed=6 (4 + 2 held back)", got[3])
 	}
 }
 
