@@ -421,8 +421,8 @@ func (s *server) run(ctx context.Context, o serveOptions, hup <-chan os.Signal, 
 			defer t.Stop()
 			tlsTick = t.C
 		}
-		if d := s.lines.Interval(); d > 0 {
-			t := time.NewTicker(d)
+		if o.logRepeat > 0 {
+			t := time.NewTicker(o.logRepeat)
 			defer t.Stop()
 			flushTick = t.C
 		}

@@ -28,9 +28,9 @@ import (
 // client restricts it.
 const DefaultMode fs.FileMode = 0o666
 
-// maxPath is the longest socket path Linux takes (sun_path is 108 bytes,
+// MaxPath is the longest socket path Linux takes (sun_path is 108 bytes,
 // with the terminating NUL).
-const maxPath = 107
+const MaxPath = 107
 
 // staleProbe bounds the dial that tells a stale socket file (its server
 // gone) from one a running server listens on.
@@ -63,8 +63,8 @@ func UnixPath(addr string) (string, error) {
 		return "", fmt.Errorf("%q: abstract sockets are not supported; give a path", addr)
 	case strings.ContainsAny(rest, "?#%"):
 		return "", fmt.Errorf("%q: a socket path with '?', '#' or '%%' reads differently as a gRPC target; choose another", addr)
-	case len(rest) > maxPath:
-		return "", fmt.Errorf("socket path %s is %d bytes, longer than a Unix socket address holds (%d)", rest, len(rest), maxPath)
+	case len(rest) > MaxPath:
+		return "", fmt.Errorf("socket path %s is %d bytes, longer than a Unix socket address holds (%d)", rest, len(rest), MaxPath)
 	}
 	return rest, nil
 }
@@ -98,7 +98,7 @@ func Listen(ctx context.Context, addr string, mode fs.FileMode) (net.Listener, e
 	if err != nil {
 		return nil, err
 	}
-	if mode&^fs.ModePerm != 0 || mode&0o600 != 0o600 {
+	if !ownerReadWrite(mode) {
 		return nil, fmt.Errorf("socket mode %#o: want permission bits that let the owner read and write (0600 to 0777)", uint32(mode))
 	}
 	if err := refuseInUse(ctx, path); err != nil {
@@ -112,8 +112,8 @@ func Listen(ctx context.Context, addr string, mode fs.FileMode) (net.Listener, e
 	}
 	defer os.RemoveAll(tmpDir)
 	tmp := filepath.Join(tmpDir, "s")
-	if len(tmp) > maxPath {
-		return nil, fmt.Errorf("socket path %s: its directory's path is too long to create the socket in (a socket address holds %d bytes)", path, maxPath)
+	if len(tmp) > MaxPath {
+		return nil, fmt.Errorf("socket path %s: its directory's path is too long to create the socket in (a socket address holds %d bytes)", path, MaxPath)
 	}
 	var lc net.ListenConfig
 	l, err := lc.Listen(ctx, "unix", tmp)
@@ -185,6 +185,10 @@ func (l *unixListener) Close() error {
 	return err
 }
 
+// ownerReadWrite reports whether m is permission bits only, and lets the
+// socket's owner read and write (connect).
+func ownerReadWrite(m fs.FileMode) bool { return m&^fs.ModePerm == 0 && m&0o600 == 0o600 }
+
 // Mode is a socket permission as a flag.Value, written in octal ("0660").
 type Mode fs.FileMode
 
@@ -198,7 +202,7 @@ func (m *Mode) String() string { return fmt.Sprintf("%#o", uint32(*m)) }
 // owner must be able to connect).
 func (m *Mode) Set(s string) error {
 	v, err := strconv.ParseUint(s, 8, 32)
-	if err != nil || v > uint64(fs.ModePerm) || v&0o600 != 0o600 {
+	if err != nil || !ownerReadWrite(fs.FileMode(v)) {
 		return fmt.Errorf("%q is not an octal permission from 0600 to 0777 (the owner must read and write)", s)
 	}
 	*m = Mode(v)

@@ -13,7 +13,7 @@ import (
 )
 
 func TestUnixPath(t *testing.T) {
-	long := "/" + strings.Repeat("d", maxPath)
+	long := "/" + strings.Repeat("d", MaxPath)
 	for _, c := range []struct {
 		addr, path string
 		err        string // a substring of the error; "" for none
@@ -21,7 +21,7 @@ func TestUnixPath(t *testing.T) {
 		{"unix:///run/rls.sock", "/run/rls.sock", ""},
 		{"unix:/run/rls.sock", "/run/rls.sock", ""},
 		{"unix:rls.sock", "rls.sock", ""},
-		{"unix:" + long[:maxPath], long[:maxPath], ""},
+		{"unix:" + long[:MaxPath], long[:MaxPath], ""},
 		{"unix:" + long, "", "longer than a Unix socket address holds"},
 		{"unix:", "", "empty Unix socket path"},
 		{"unix://", "", "names a host"},

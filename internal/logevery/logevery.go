@@ -63,15 +63,6 @@ func New(every time.Duration, now func() time.Time) *Limiter {
 	return &Limiter{every: every, now: now, kinds: make(map[string]*kind)}
 }
 
-// Interval is the interval New was given: how often the owner should call
-// Flush (0: never).
-func (l *Limiter) Interval() time.Duration {
-	if l == nil {
-		return 0
-	}
-	return l.every
-}
-
 // Log writes msg with attrs at level through log, unless a line of the same
 // kind was written less than the interval ago: then it only counts it. A line
 // written after some were held back carries SuppressedKey with their number.

@@ -1,15 +1,17 @@
 package logevery
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/envoy-rls/envoy-rls/internal/testenv"
 )
 
 // clock is a settable time for a Limiter.
@@ -31,18 +33,10 @@ type record struct {
 // function that decodes what it wrote.
 func jsonLog(t *testing.T, level slog.Level) (*slog.Logger, func() []record) {
 	t.Helper()
-	var mu sync.Mutex
-	var buf bytes.Buffer
-	w := writerFunc(func(p []byte) (int, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		return buf.Write(p)
-	})
+	var buf testenv.Buffer
 	lines := func() []record {
-		mu.Lock()
-		defer mu.Unlock()
 		var out []record
-		dec := json.NewDecoder(bytes.NewReader(buf.Bytes()))
+		dec := json.NewDecoder(strings.NewReader(buf.String()))
 		for dec.More() {
 			var r record
 			if err := dec.Decode(&r); err != nil {
@@ -52,12 +46,8 @@ func jsonLog(t *testing.T, level slog.Level) (*slog.Logger, func() []record) {
 		}
 		return out
 	}
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level})), lines
+	return slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: level})), lines
 }
-
-type writerFunc func([]byte) (int, error)
-
-func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
 func suppressed(r record) int {
 	if r.Suppressed == nil {

@@ -111,12 +111,10 @@ type Redis struct {
 	// Socket is the path of the server's Unix socket, "" unless started
 	// WithUnixSocket.
 	Socket string
-	// TLSAddr is "127.0.0.1:<TLSPort>", where the server serves TLS with
-	// the certificates TLS; all three are unset (empty, 0, nil) unless it
-	// was started WithTLS (or in a Cluster WithClusterTLS, or a Sentinel
-	// setup WithSentinelTLS).
+	// TLSAddr is where the server serves TLS with the certificates TLS;
+	// both are unset (empty, nil) unless it was started WithTLS (or in a
+	// Cluster WithClusterTLS, or a Sentinel setup WithSentinelTLS).
 	TLSAddr string
-	TLSPort int
 	TLS     *TLSFiles
 
 	t        testing.TB
@@ -245,7 +243,7 @@ func startNode(t testing.TB, spec nodeSpec) *Redis {
 		r.mu.Lock()
 		r.Port, r.Addr, r.args = port, loopbackAddr(port), args
 		if spec.tls != nil {
-			r.TLSPort, r.TLSAddr, r.TLS = tlsPort, loopbackAddr(tlsPort), spec.tls
+			r.TLSAddr, r.TLS = loopbackAddr(tlsPort), spec.tls
 		}
 		err = r.startLocked()
 		r.mu.Unlock()
@@ -448,6 +446,8 @@ type Client struct {
 	// Flags are CLIENT LIST's flags ("U" for a Unix socket client, "N"
 	// for none).
 	Flags string
+	// Resp is the connection's protocol version ("2", "3").
+	Resp string
 }
 
 // OnSocket reports whether c came in on the Unix socket at path.
@@ -485,6 +485,8 @@ func (r *Redis) Clients(t testing.TB) []Client {
 				cl.LocalAddr = v
 			case "flags":
 				cl.Flags = v
+			case "resp":
+				cl.Resp = v
 			}
 		}
 		if !self {

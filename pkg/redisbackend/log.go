@@ -51,9 +51,6 @@ var sentinelNews = []string{"sentinel: new master", "sentinel: selected addr", "
 // Printf writes one go-redis line. Its "redis: " prefix says what
 // "component" says already.
 func (c clientLogger) Printf(ctx context.Context, format string, v ...any) {
-	if ctx == nil {
-		ctx = context.Background()
-	}
 	msg := strings.TrimSpace(strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: "))
 	for _, news := range sentinelNews {
 		if strings.HasPrefix(format, news) {

@@ -12,6 +12,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/envoy-rls/envoy-rls/internal/listen"
 )
 
 // Defaults of Options.
@@ -288,10 +290,6 @@ func (o *Options) dialer(timeout time.Duration) func(context.Context, string, st
 	}
 }
 
-// maxSocketPath is the longest Unix socket path Linux takes (sun_path is
-// 108 bytes, with the terminating NUL).
-const maxSocketPath = 107
-
 // checkSocketURL refuses, at start, a unix:// --redis.url that would fail
 // at every connection, or reach another socket than it seems to name.
 func checkSocketURL(rawURL, path string, withTLS bool) error {
@@ -304,8 +302,8 @@ func checkSocketURL(rawURL, path string, withTLS bool) error {
 		// go-redis would dial the path alone: unix://var/run/x.sock is
 		// /run/x.sock.
 		return fmt.Errorf("--redis.url %s names a host (%s); a Unix socket's URL is unix:///absolute/path", rawURL, u.Host)
-	case len(path) > maxSocketPath:
-		return fmt.Errorf("--redis.url: socket path %s is %d bytes, longer than a Unix socket address holds (%d)", path, len(path), maxSocketPath)
+	case len(path) > listen.MaxPath:
+		return fmt.Errorf("--redis.url: socket path %s is %d bytes, longer than a Unix socket address holds (%d)", path, len(path), listen.MaxPath)
 	case withTLS:
 		// Redis serves TLS on its TCP tls-port only: a handshake on its
 		// Unix socket would fail at every connection.

@@ -843,8 +843,9 @@ func (f *failingWith) Check(context.Context, []limiter.Request, []limiter.Result
 }
 
 // TestLimiterErrorLinesAreBounded: a limiter error can come with every
-// request, so each code's line is written once per LogEvery, and the next
-// one counts those held back; another code has lines of its own.
+// request, so the line of each code in each domain is written once per
+// interval of Options.Lines, and the next one counts those held back; a
+// kind that falls quiet is reported by Flush.
 func TestLimiterErrorLinesAreBounded(t *testing.T) {
 	lim := &failingWith{}
 	var now atomic.Int64
