@@ -85,7 +85,10 @@ func BenchmarkConfig(b *testing.B) {
 }
 
 // handshakeLoopback runs one handshake between a server with srv and a
-// client with client over a loopback TCP connection from ln.
+// client with client over a loopback TCP connection from ln. It is the
+// tests' handshake without what they observe (the certificates each end
+// saw, and a read that waits for TLS 1.3's verdict on the client's
+// certificate), so that the benchmark times the handshake alone.
 func handshakeLoopback(b *testing.B, ln net.Listener, srv, client *tls.Config) {
 	done := make(chan error, 1)
 	go func() {

@@ -312,6 +312,8 @@ type watched struct {
 	build  func(contents) (*tls.Config, *x509.Certificate, error)
 	onLoad func(Loaded)
 	reads  atomic.Uint64 // numbers each read of the files
+	// readFile reads one file: readRegular, or a test's.
+	readFile func(string) ([]byte, error)
 
 	mu       sync.Mutex
 	cfg      *tls.Config // in use; never nil
@@ -324,7 +326,7 @@ type watched struct {
 // newWatched reads and builds the files a first time; an error names the
 // file and the reason.
 func newWatched(files fileSet, build func(contents) (*tls.Config, *x509.Certificate, error), onLoad func(Loaded)) (*watched, error) {
-	w := &watched{files: files, build: build, onLoad: onLoad}
+	w := &watched{files: files, build: build, onLoad: onLoad, readFile: readRegular}
 	c := w.read()
 	cfg, leaf, err := build(c)
 	if err != nil {
@@ -404,7 +406,7 @@ type contents struct {
 }
 
 func (w *watched) read() contents {
-	return readFiles(w.files, w.reads.Add(1), readRegular)
+	return readFiles(w.files, w.reads.Add(1), w.readFile)
 }
 
 // readFiles reads files with readFile, as the read numbered n.
