@@ -1,10 +1,12 @@
 package testenv
 
 import (
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"testing"
 )
 
@@ -22,7 +24,8 @@ func SocketPath(t testing.TB, name string) string {
 	return filepath.Join(dir, name)
 }
 
-// FreePort returns a TCP port on 127.0.0.1 that was free when it was chosen.
+// FreePort returns a TCP port on 127.0.0.1 that was free when it was chosen,
+// and that it has not returned before in this process.
 // The port is released before FreePort returns, so another process may take it
 // in the meantime; the server starters retry with a new port when that happens.
 func FreePort(t testing.TB) int {
@@ -40,13 +43,35 @@ func FreeAddr(t testing.TB) string {
 	return loopbackAddr(FreePort(t))
 }
 
+// handedOut are the ports freePort returned in this process. The kernel
+// may offer a port it just released again at once, and two servers of one
+// test given the same port (Envoy's listeners, say) cannot both listen.
+var handedOut struct {
+	sync.Mutex
+	ports map[int]bool
+}
+
+// freePort returns a free port on loopback that it has not returned before
+// in this process.
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	if handedOut.ports == nil {
+		handedOut.ports = make(map[int]bool)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if !handedOut.ports[port] {
+			handedOut.ports[port] = true
+			return port, nil
+		}
+	}
+	return 0, errors.New("100 ports in a row were ones already handed out")
 }
 
 func loopbackAddr(port int) string {

@@ -40,6 +40,21 @@ func TestFreePortIsLoopbackAndBindable(t *testing.T) {
 	l.Close()
 }
 
+// TestFreePortNeverRepeats: the kernel offers a released port again (among
+// 1,000 draws from its ephemeral range, most likely more than once), but
+// FreePort never returns one twice: two servers of one test each get their
+// own.
+func TestFreePortNeverRepeats(t *testing.T) {
+	seen := make(map[int]bool)
+	for range 1000 {
+		p := FreePort(t)
+		if seen[p] {
+			t.Fatalf("FreePort returned %d twice", p)
+		}
+		seen[p] = true
+	}
+}
+
 func TestRedisServerLifecycle(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t, 2*time.Minute)
