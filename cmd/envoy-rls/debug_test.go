@@ -207,6 +207,11 @@ func testExplainEndToEnd(t *testing.T, tg debugTarget, configDir string) {
 	if ex := tg.explain(t, "domain=edge&descriptor=nomatch=x"); ex.Rule != nil || !ex.KnownDomain || ex.Code != "OK" {
 		t.Errorf("no rule: %+v", ex)
 	}
+	// An empty value (Envoy sends a present but empty header so) matches
+	// the key-only rule, as a request with it is counted.
+	if ex := tg.explain(t, "domain=edge&descriptor=remote_address="); ex.Rule == nil || ex.Rule.ID != "remote_address" {
+		t.Errorf("empty value: %+v, want the key-only rule remote_address", ex)
+	}
 	if ex := tg.explain(t, "domain=nope&descriptor=remote_address=x"); ex.KnownDomain {
 		t.Errorf("unknown domain: %+v", ex)
 	}
@@ -215,7 +220,7 @@ func testExplainEndToEnd(t *testing.T, tg debugTarget, configDir string) {
 		"domain=edge&descriptor=novalue":                     "want key=value",
 		"descriptor=remote_address=x":                        "domain: must not be empty",
 		"domain=edge&descriptor=a=b&entry=c=d":               "not both",
-		"domain=edge&descriptor=remote_address=":             "value: must not be empty",
+		"domain=edge&descriptor==x":                          "key: must not be empty",
 		"domain=edge&descriptor=a=b&descriptor=remote_addr=": "one descriptor at a time",
 	} {
 		code, body := httpGet(t, "http://"+tg.debug+"/debug/explain?"+q)

@@ -38,7 +38,12 @@ type Limit struct {
 	// when the rule has several limits, e.g. "tenant.user#1" for the second.
 	ID string
 	// Name is the configured rate_limit name, or the rule's Name.
-	Name        string
+	Name string
+	// Named: Name was configured, not taken from the rule. Only a named
+	// limit can be replaced, as in envoyproxy/ratelimit, so that a
+	// replaces entry never removes an unnamed limit whose rule ID happens
+	// to be the name it gives.
+	Named       bool
 	Limit       limiter.Limit
 	FailureMode limiter.FailureMode
 	// Unit is the configured unit ("second" … "year", lower case), or ""
@@ -75,8 +80,9 @@ type Rule struct {
 	// Replaces lists the rate-limit names this rule's limits replace
 	// (every name is configured somewhere in the domain; names need not be
 	// unique, so one name may stand for several limits). When a request
-	// matches this rule and a rule whose limit has a replaced Limit.Name,
-	// only this rule's limits apply to it, as in envoyproxy/ratelimit.
+	// matches this rule and a rule whose limit has a replaced Limit.Name
+	// (a Named limit), only this rule's limits apply to it, as in
+	// envoyproxy/ratelimit; an Unlimited rule replaces too.
 	Replaces []string
 	// Pos is where the descriptor starts.
 	Pos Position

@@ -651,7 +651,7 @@ func (c *compiler) rule(d *domainBuild, id string, pos Position, items []*yaml.N
 		}
 		l.Name = r.Name
 		if p.name != "" {
-			l.Name = p.name
+			l.Name, l.Named = p.name, true
 		}
 		r.Limits[i] = l
 	}

@@ -209,10 +209,7 @@ func (s *Service) validateExplain(domain string, entries []descriptors.Entry) er
 		return invalid("descriptors[0].entries: %d entries exceed the maximum of %d", m, lim.MaxEntries)
 	}
 	for j, e := range entries {
-		if err := checkEntryString(0, j, "key", e.Key, lim.MaxKeyBytes); err != nil {
-			return err
-		}
-		if err := checkEntryString(0, j, "value", e.Value, lim.MaxValueBytes); err != nil {
+		if err := checkEntry(0, j, e.Key, e.Value, lim); err != nil {
 			return err
 		}
 	}

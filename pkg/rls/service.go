@@ -350,12 +350,16 @@ func (s *Service) plan(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, sc 
 			ds.kind = kindOverride
 		case rule == nil:
 			ds.kind = kindNone
-		case rule.Unlimited || len(rule.Limits) == 0:
-			ds.kind = kindUnlimited
 		default:
-			ds.kind = kindRule
+			// An unlimited rule replaces too (envoyproxy/ratelimit
+			// collects a matched limit's replaces before it drops the
+			// unlimited ones): "VIP: unlimited, replaces per_user".
 			for _, name := range rule.Replaces {
 				sc.replacing = append(sc.replacing, replacer{name: name, by: rule})
+			}
+			ds.kind = kindRule
+			if rule.Unlimited || len(rule.Limits) == 0 {
+				ds.kind = kindUnlimited
 			}
 		}
 		sc.descs = append(sc.descs, ds)
@@ -406,7 +410,7 @@ func (s *Service) plan(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, sc 
 			r := ds.rule
 			for li := range r.Limits {
 				l := &r.Limits[li]
-				if sc.isReplaced(l.Name, r) {
+				if l.Named && sc.isReplaced(l.Name, r) {
 					continue
 				}
 				start := len(sc.key)

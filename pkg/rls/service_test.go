@@ -173,7 +173,6 @@ func TestValidationRejectsAndCountsNothing(t *testing.T) {
 		{"no descriptors", request("test"), "descriptors: must not be empty"},
 		{"descriptor without entries", request("test", alice(), desc()), "descriptors[1].entries: must not be empty"},
 		{"empty key", request("test", alice(), desc("", "x")), "descriptors[1].entries[0].key: must not be empty"},
-		{"empty value", request("test", alice(), desc("user", "bob", "path", "")), "descriptors[1].entries[1].value: must not be empty"},
 		{"too many descriptors", &rlsv3.RateLimitRequest{Domain: "test", Descriptors: many(DefaultMaxDescriptors + 1)}, "descriptors: 65 descriptors exceed the maximum of 64"},
 		{"too many entries", request("test", alice(), manyEntries), "descriptors[1].entries: 17 entries exceed the maximum of 16"},
 		{"long domain", request(strings.Repeat("d", DefaultMaxDomainBytes+1), alice()), "domain: 257 bytes exceed the maximum of 256"},
@@ -526,6 +525,105 @@ func TestReplaces(t *testing.T) {
 		want := m.batch(mreq{"tenant", perTenant.Limit, 1, false})[0]
 		code := map[bool]rlsv3.RateLimitResponse_Code{true: rlsv3.RateLimitResponse_OK, false: rlsv3.RateLimitResponse_OVER_LIMIT}[want.Allowed]
 		checkStatus(t, fmt.Sprintf("per_tenant %d", i), e.must(request("test", desc("tenant", "acme"))).Statuses[0], code, perTenant, want)
+	}
+}
+
+// An unlimited rule's replaces apply, as envoyproxy/ratelimit's: "a VIP
+// plan is unlimited and replaces per_user".
+func TestUnlimitedReplaces(t *testing.T) {
+	e := newEnv(t, map[string]string{"d.yaml": `
+domain: d
+descriptors:
+  - key: user
+    rate_limit: {name: per_user, unit: minute, requests_per_unit: 1}
+  - key: plan
+    value: vip
+    rate_limit:
+      unlimited: true
+      replaces: [{name: per_user}]
+`}, Options{})
+	for i := range 3 {
+		resp := e.must(request("d", desc("user", "bob"), desc("plan", "vip")))
+		if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit != nil {
+			t.Errorf("request %d with the vip plan: %v, statuses %v; want OK, per_user replaced", i, resp.OverallCode, resp.Statuses)
+		}
+	}
+	// Without the plan, per_user applies, and the vip requests consumed
+	// nothing from it.
+	for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+		if got := e.must(request("d", desc("user", "bob"))).OverallCode; got != want {
+			t.Errorf("request %d without the plan: %v, want %v", i, got, want)
+		}
+	}
+}
+
+// replaces names a configured name only. An unnamed limit reports its
+// rule's ID as its name, but a replaces entry giving that ID (because a
+// limit elsewhere is named so) leaves it in place, as envoyproxy/ratelimit
+// never replaces an unnamed limit.
+func TestReplacesLeavesUnnamedLimits(t *testing.T) {
+	e := newEnv(t, map[string]string{"d.yaml": `
+domain: d
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: client
+    rate_limit: {name: remote_address, unit: minute, requests_per_unit: 1}
+  - key: partner
+    rate_limit:
+      unit: minute
+      requests_per_unit: 100
+      replaces: [{name: remote_address}]
+`}, Options{})
+	for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+		resp := e.must(request("d", desc("remote_address", "203.0.113.7"), desc("client", "c"), desc("partner", "p")))
+		if resp.OverallCode != want {
+			t.Errorf("request %d: %v, want %v (the unnamed remote_address limit applies)", i, resp.OverallCode, want)
+		}
+		// The named one is replaced: no limit reported for it.
+		if st := resp.Statuses[1]; st.CurrentLimit != nil {
+			t.Errorf("request %d: the named limit was not replaced: %v", i, st)
+		}
+	}
+}
+
+// A present but empty header reaches the service as an entry with the value
+// "" (Envoy's request_headers action). It is matched (key-only rule, or a
+// "*" pattern) and counted like any value; refusing the request would let it
+// through uncounted on all its descriptors.
+func TestEmptyValueIsCounted(t *testing.T) {
+	e := newEnv(t, map[string]string{"d.yaml": `
+domain: d
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: path
+    value: "*"
+    rate_limit: {unit: minute, requests_per_unit: 3}
+`}, Options{})
+	var got []string
+	for range 4 {
+		resp := e.must(request("d", desc("user", ""), desc("path", "")))
+		got = append(got, fmt.Sprintf("%v/%d/%d", resp.OverallCode, resp.Statuses[0].LimitRemaining, resp.Statuses[1].LimitRemaining))
+	}
+	if want := "[OK/1/2 OK/0/1 OVER_LIMIT/0/1 OVER_LIMIT/0/1]"; fmt.Sprint(got) != want {
+		t.Errorf("empty values: %v, want %s", got, want)
+	}
+	// An empty value is a value of its own: "bob" has its own counter, and
+	// the empty one is not shared with the descriptor's other requests.
+	if resp := e.must(request("d", desc("user", "bob"))); resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != 1 {
+		t.Errorf("user bob after the empty ones: %v", resp.Statuses[0])
+	}
+	// The other descriptors of the request are counted (path="" has one
+	// left: the denied requests above consumed nothing).
+	if resp := e.must(request("d", desc("remote_address", "203.0.113.7"), desc("path", ""))); resp.OverallCode != rlsv3.RateLimitResponse_OK ||
+		resp.Statuses[0].LimitRemaining != 0 || resp.Statuses[1].LimitRemaining != 0 {
+		t.Errorf("remote_address beside an empty value: %v", resp)
+	}
+	if resp := e.must(request("d", desc("remote_address", "203.0.113.7"))); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("the address once more: %v, want OVER_LIMIT", resp.OverallCode)
 	}
 }
 

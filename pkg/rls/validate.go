@@ -54,10 +54,7 @@ func (s *Service) validate(req *rlsv3.RateLimitRequest) error {
 			if e == nil {
 				return invalid("descriptors[%d].entries[%d]: must not be null", i, j)
 			}
-			if err := checkEntryString(i, j, "key", e.Key, lim.MaxKeyBytes); err != nil {
-				return err
-			}
-			if err := checkEntryString(i, j, "value", e.Value, lim.MaxValueBytes); err != nil {
+			if err := checkEntry(i, j, e.Key, e.Value, lim); err != nil {
 				return err
 			}
 		}
@@ -71,9 +68,20 @@ func (s *Service) validate(req *rlsv3.RateLimitRequest) error {
 }
 
 func checkString(field, v string, max int) error {
-	switch {
-	case v == "":
+	if v == "" {
 		return invalid("%s: must not be empty", field)
+	}
+	return checkValue(field, v, max)
+}
+
+// checkValue is checkString for a field that may be empty: a descriptor
+// entry's value. Envoy's request_headers action sends a header that is
+// present but empty as the value "", and envoyproxy/ratelimit matches it
+// (a key-only rule, or a wildcard of "*"); refusing the request would let
+// it through uncounted on every one of its descriptors, since Envoy admits a
+// request whose check failed unless failure_mode_deny is set.
+func checkValue(field, v string, max int) error {
+	switch {
 	case len(v) > max:
 		return invalid("%s: %d bytes exceed the maximum of %d", field, len(v), max)
 	case !utf8.ValidString(v):
@@ -82,12 +90,17 @@ func checkString(field, v string, max int) error {
 	return nil
 }
 
-// checkEntryString is checkString with the field path built only on failure.
-func checkEntryString(i, j int, name, v string, max int) error {
-	if v != "" && len(v) <= max && utf8.ValidString(v) {
+// checkEntry checks a descriptor entry's key (not empty) and value (may be
+// empty), with the field path built only on failure.
+func checkEntry(i, j int, key, value string, lim *RequestLimits) error {
+	if key != "" && len(key) <= lim.MaxKeyBytes && len(value) <= lim.MaxValueBytes &&
+		utf8.ValidString(key) && utf8.ValidString(value) {
 		return nil
 	}
-	return checkString(fmt.Sprintf("descriptors[%d].entries[%d].%s", i, j, name), v, max)
+	if err := checkString(fmt.Sprintf("descriptors[%d].entries[%d].key", i, j), key, lim.MaxKeyBytes); err != nil {
+		return err
+	}
+	return checkValue(fmt.Sprintf("descriptors[%d].entries[%d].value", i, j), value, lim.MaxValueBytes)
 }
 
 func checkOverride(i int, o *ratelimitv3.RateLimitDescriptor_RateLimitOverride) error {
