@@ -38,6 +38,9 @@ func checkConfigMain(args []string, stdout, stderr io.Writer) error {
 		for _, d := range cfg.Domains() {
 			fmt.Fprintf(stdout, "%s: domain %q: %d rules, %d limits (%s)\n", path, d.Domain, d.Rules, d.Limits, d.File)
 		}
+		for _, w := range cfg.Warnings() {
+			fmt.Fprintf(stdout, "%s: warning: %s\n", w.Pos, w.Msg)
+		}
 	}
 	if failed > 0 {
 		return fmt.Errorf("%d of %d paths invalid", failed, fs.NArg())

@@ -220,7 +220,7 @@ func testExplainEndToEnd(t *testing.T, tg debugTarget, configDir string) {
 		"domain=edge&descriptor=novalue":                     "want key=value",
 		"descriptor=remote_address=x":                        "domain: must not be empty",
 		"domain=edge&descriptor=a=b&entry=c=d":               "not both",
-		"domain=edge&descriptor==x":                          "key: must not be empty",
+		"domain=edge&descriptor==x":                          "want key=value",
 		"domain=edge&descriptor=a=b&descriptor=remote_addr=": "one descriptor at a time",
 	} {
 		code, body := httpGet(t, "http://"+tg.debug+"/debug/explain?"+q)

@@ -56,3 +56,15 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		t.Errorf("version: %d %q", code, out)
 	}
 }
+
+// TestCheckConfigPrintsWarnings checks that what loads with a warning
+// passes check-config and the warning is printed with its position.
+func TestCheckConfigPrintsWarnings(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "a.yaml"), "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 3, replaces: [{name: nobody}]}\n")
+	code, out, errOut := runCmd("check-config", dir)
+	want := filepath.Join(dir, "a.yaml") + `:4:72: warning: replaces names "nobody", but no rate_limit in domain "a" has that name: it replaces nothing`
+	if code != 0 || !strings.Contains(out, want) {
+		t.Errorf("exit %d, output lacks %q:\n%s%s", code, want, out, errOut)
+	}
+}

@@ -84,8 +84,22 @@ type Rule struct {
 	// (a Named limit), only this rule's limits apply to it, as in
 	// envoyproxy/ratelimit; an Unlimited rule replaces too.
 	Replaces []string
+	// Shared holds, for each entry of a request that matches the rule,
+	// the wildcard value whose matches share one counter (the
+	// share_threshold of the descriptor at that level), or "" where every
+	// value counts apart; nil when no level shares.
+	Shared []string
 	// Pos is where the descriptor starts.
 	Pos Position
+}
+
+// CounterValue returns what names the value v of a matching request's
+// entry i in the counter's identity: the shared wildcard value, or v.
+func (r *Rule) CounterValue(i int, v string) string {
+	if r != nil && i < len(r.Shared) && r.Shared[i] != "" {
+		return r.Shared[i]
+	}
+	return v
 }
 
 // DomainSummary describes one loaded domain for check-config and /debug/config.

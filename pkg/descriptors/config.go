@@ -26,10 +26,18 @@ type Options struct {
 // Config is a compiled, immutable set of domains. All methods are safe for
 // concurrent use. The Rules it returns are shared and must not be modified.
 type Config struct {
-	domains map[string]*domain
-	names   []string // sorted
-	digest  string
+	domains  map[string]*domain
+	names    []string // sorted
+	digest   string
+	warnings ErrorList
 }
+
+// Warnings returns what loaded but has no effect, sorted by position:
+// what envoyproxy/ratelimit accepts and ignores (a key out of place, a
+// second YAML document, a replaces entry naming no limit, requests_per_unit
+// beside unlimited) or reads oddly (a missing requests_per_unit, which
+// blocks; a key given twice).
+func (c *Config) Warnings() []*Error { return c.warnings }
 
 // domain is one compiled domain.
 type domain struct {
@@ -250,7 +258,10 @@ func readDirFrom(dir, gen string) (files []srcFile, own int, err error) {
 	if err != nil {
 		return nil, 0, fmt.Errorf("descriptors: read config folder: %w", err)
 	}
-	type source struct{ name, from string }
+	type source struct {
+		name, from string
+		dir        bool
+	}
 	var sources []source
 	inDir := map[string]bool{} // names in dir that are not the ConfigMap's links
 	for _, e := range entries {
@@ -262,7 +273,7 @@ func readDirFrom(dir, gen string) (files []srcFile, own int, err error) {
 			}
 		}
 		inDir[e.Name()] = true
-		sources = append(sources, source{e.Name(), path})
+		sources = append(sources, source{e.Name(), path, e.IsDir()})
 	}
 	if gen != "" {
 		gens, err := os.ReadDir(gen)
@@ -271,13 +282,20 @@ func readDirFrom(dir, gen string) (files []srcFile, own int, err error) {
 		}
 		for _, e := range gens {
 			if !inDir[e.Name()] {
-				sources = append(sources, source{e.Name(), filepath.Join(gen, e.Name())})
+				sources = append(sources, source{e.Name(), filepath.Join(gen, e.Name()), e.IsDir()})
 			}
 		}
 		slices.SortFunc(sources, func(a, b source) int { return strings.Compare(a.name, b.name) })
 	}
+	configs := 0
 	for _, src := range sources {
 		if strings.HasPrefix(src.name, ".") {
+			continue
+		}
+		if src.dir {
+			if holdsYAML(src.from) {
+				files = append(files, srcFile{name: filepath.Join(dir, src.name), folder: true})
+			}
 			continue
 		}
 		if ext := filepath.Ext(src.name); ext != ".yaml" && ext != ".yml" {
@@ -295,14 +313,37 @@ func readDirFrom(dir, gen string) (files []srcFile, own int, err error) {
 			return nil, 0, fmt.Errorf("descriptors: %w", err)
 		}
 		files = append(files, srcFile{name: filepath.Join(dir, src.name), data: data})
+		configs++
 		if inDir[src.name] {
 			own++
 		}
 	}
-	if len(files) == 0 {
+	if configs == 0 {
 		return nil, 0, fmt.Errorf("descriptors: no configuration files (*.yaml, *.yml) in %s", dir)
 	}
 	return files, own, nil
+}
+
+// holdsYAML reports whether folder dir, or a folder below it, holds a
+// *.yaml or *.yml file (names starting with "." left out).
+func holdsYAML(dir string) bool {
+	found := false
+	filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return nil // unreadable: nothing to report
+		case path != dir && strings.HasPrefix(d.Name(), "."):
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		case !d.IsDir() && (filepath.Ext(path) == ".yaml" || filepath.Ext(path) == ".yml"):
+			found = true
+			return filepath.SkipAll
+		}
+		return nil
+	})
+	return found
 }
 
 // digest is the hex SHA-256 of the names and contents of files.

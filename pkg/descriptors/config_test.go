@@ -38,16 +38,13 @@ var badCases = []struct{ file, at, msg string }{
 	{"duplicate_descriptor", "6:5", `duplicate descriptor key "database" value "users": already defined at ` + fixtures + "/bad/duplicate_descriptor.yaml:3:5"},
 	{"duplicate_key_only", "7:9", `duplicate descriptor key "user": already defined at`},
 	{"duplicate_wildcard", "6:5", `duplicate descriptor key "path" value "/api/*"`},
-	{"duplicate_yaml_key", "5:5", `duplicate key "key" (first at line 3)`},
 	{"empty_domain", "1:9", "domain is empty"},
 	{"empty_file", "1:1", "file is empty"},
 	{"empty_key", "3:10", "key is empty"},
-	{"empty_value", "4:12", "value is empty: leave value out to match every value of the key"},
 	{"invalid_syntax", "3", "invalid YAML: did not find expected ',' or '}'"},
 	{"key_list", "3:10", "key must be a string, got a list"},
 	{"key_mapping", "3:10", "key must be a string, got a mapping"},
 	{"many_errors", "5:24", `unknown unit "fortnight"`},
-	{"misplaced_shadow_mode", "7:7", `unknown key "shadow_mode" in rate_limit: it belongs in a descriptor`},
 	{"missing_domain", "1:1", "missing domain"},
 	{"missing_key", "3:5", "descriptor has no key"},
 	{"no_unit_no_window", "5:7", "rate_limit needs a unit (second, minute, hour, day, week, month, year) or a window"},
@@ -57,14 +54,12 @@ var badCases = []struct{ file, at, msg string }{
 	{"rate_limits_empty", "4:18", "rate_limits is empty"},
 	{"replaces_empty_name", "6:17", "a replaces entry has an empty name"},
 	{"replaces_self", "7:17", `replaces names this descriptor's own rate limit "specific_limit"`},
-	{"replaces_unknown", "11:17", `replaces names "specific_limt", but no rate_limit in domain "example7" has that name`},
 	{"requests_float", "6:26", "requests_per_unit must be a positive integer, got the number 10.5"},
-	{"requests_missing", "5:7", "rate_limit needs requests_per_unit"},
 	{"requests_negative", "6:26", "requests_per_unit must be a positive integer, got -5"},
 	{"requests_string", "6:26", `requests_per_unit must be a positive integer, got the string "ten"`},
 	{"requests_too_large", "6:26", "requests_per_unit 9007199254740992 is too large (maximum 9007199254740991"},
 	{"root_list", "1:1", "a descriptor file must be a mapping with domain and descriptors, got a list"},
-	{"second_document", "4:1", "a second YAML document"},
+	{"share_threshold_not_wildcard", "5:5", "share_threshold needs a wildcard value"},
 	{"shadow_mode_not_bool", "5:18", `shadow_mode must be true or false, got the string "maybe"`},
 	{"sliding_log_too_long", "5:7", "sliding_log requests 10000 × window 946080000000ms exceeds 9007199254740991"},
 	{"sliding_log_too_many", "7:26", "requests_per_unit 10001 is too large for sliding_log (maximum 10000)"},
@@ -77,7 +72,6 @@ var badCases = []struct{ file, at, msg string }{
 	{"unknown_key_root", "2:1", `unknown key "descriptor" in the top level of the file`},
 	{"unknown_unit", "5:13", `unknown unit "minutes" (want second, minute, hour, day, week, month or year)`},
 	{"unlimited_in_rate_limits", "5:9", "unlimited is not allowed in rate_limits"},
-	{"unlimited_with_requests", "6:7", "requests_per_unit cannot be combined with unlimited: true"},
 	{"unlimited_with_unit", "6:7", "unit cannot be combined with unlimited: true"},
 	{"value_without_key", "3:5", "descriptor has a value but no key"},
 	{"window_negative", "5:15", "window must be positive, got -1m"},
@@ -132,6 +126,145 @@ func TestBadFixtures(t *testing.T) {
 	}
 }
 
+// warnCases lists every file of testdata/descriptors/warn: what
+// envoyproxy/ratelimit loads, so envoy-rls loads it too, with a warning at
+// "line:col" containing msg; check tests what the file means.
+var warnCases = []struct {
+	file, at, msg string
+	check         func(t *testing.T, cfg *Config)
+}{
+	{"duplicate_yaml_key", "5:5", `key "key" is given twice (first at line 3): the last one counts`, func(t *testing.T, cfg *Config) {
+		if r := cfg.Match("edge", []Entry{{"path", "/x"}}); r == nil || cfg.Match("edge", []Entry{{"user", "u"}}) != nil {
+			t.Errorf("the first key counted, not the last")
+		}
+	}},
+	{"misplaced_shadow_mode", "7:7", `key "shadow_mode" is ignored in rate_limit, as envoyproxy/ratelimit ignores it: it belongs in a descriptor`, func(t *testing.T, cfg *Config) {
+		if r := cfg.Match("edge", []Entry{{"path", "/x"}}); r == nil || r.ShadowMode {
+			t.Errorf("rule %+v: want a rule not in shadow mode", r)
+		}
+	}},
+	{"replaces_unknown", "11:17", `replaces names "specific_limt", but no rate_limit in domain "example7" has that name: it replaces nothing`, nil},
+	{"requests_missing", "5:7", "rate_limit has no requests_per_unit: 0, which blocks every request", func(t *testing.T, cfg *Config) {
+		if r := cfg.Match("edge", []Entry{{"user", "u"}}); r == nil || !r.Limits[0].Blocked() {
+			t.Errorf("rule %+v: want a blocking limit", r)
+		}
+	}},
+	{"second_document", "4:1", "a second YAML document is ignored", func(t *testing.T, cfg *Config) {
+		if d := cfg.Domains(); len(d) != 1 || d[0].Domain != "edge" {
+			t.Errorf("domains %+v: want edge alone", d)
+		}
+	}},
+	{"unlimited_with_requests", "6:7", "requests_per_unit is ignored: the limit is unlimited", func(t *testing.T, cfg *Config) {
+		if r := cfg.Match("internal", []Entry{{"ldap", "x"}}); r == nil || !r.Unlimited {
+			t.Errorf("rule %+v: want unlimited", r)
+		}
+	}},
+}
+
+func TestWarnFixtures(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join(fixtures, "warn", "*.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := map[string]bool{}
+	for _, c := range warnCases {
+		listed[c.file] = true
+	}
+	for _, f := range files {
+		if name := strings.TrimSuffix(filepath.Base(f), ".yaml"); !listed[name] {
+			t.Errorf("fixture %s is not in warnCases", f)
+		}
+	}
+	for _, c := range warnCases {
+		t.Run(c.file, func(t *testing.T) {
+			path := filepath.Join(fixtures, "warn", c.file+".yaml")
+			cfg, err := compileFixture(t, path)
+			if err != nil {
+				t.Fatalf("not loaded: %v", err)
+			}
+			ws := cfg.Warnings()
+			if len(ws) != 1 || !strings.HasPrefix(ws[0].Error(), path+":"+c.at+": ") || !strings.Contains(ws[0].Msg, c.msg) {
+				t.Errorf("warnings %v, want one at %s containing %q", ws, c.at, c.msg)
+			}
+			if c.check != nil {
+				c.check(t, cfg)
+			}
+		})
+	}
+}
+
+// TestIncumbentKeys checks the descriptor keys of envoyproxy/ratelimit
+// that envoy-rls has no use of its own for, and null values: they load
+// with the incumbent's meaning and no warning.
+func TestIncumbentKeys(t *testing.T) {
+	cfg, err := compile([]srcFile{{name: "k.yaml", data: []byte(`domain: edge
+descriptors:
+  - key: user
+    value: ""
+    rate_limit: {unit: minute, requests_per_unit: 5, name: }
+    value_to_metric: true
+    shadow_mode:
+  - key: tenant
+    value:
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: route
+    rate_limit:
+    descriptors:
+`)}}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := cfg.Warnings(); len(w) != 0 {
+		t.Errorf("warnings: %v", w)
+	}
+	// value "" and value null are key-only: they match every value.
+	user := cfg.Match("edge", []Entry{{"user", "bob"}})
+	if user == nil || user.ID != "user" || user.ShadowMode || user.Limits[0].Named {
+		t.Errorf("user: %+v, want the key-only rule, not in shadow mode, unnamed", user)
+	}
+	tenant := cfg.Match("edge", []Entry{{"tenant", "acme"}})
+	if tenant == nil || tenant.ID != "tenant" || !tenant.ShadowMode {
+		t.Errorf("tenant: %+v, want the key-only rule in shadow mode (quota_mode)", tenant)
+	}
+	if r := cfg.Match("edge", []Entry{{"route", "r"}}); r != nil {
+		t.Errorf("route with a null rate_limit matched %+v", r)
+	}
+}
+
+// TestShareThreshold checks share_threshold: every value a wildcard matches
+// counts as the wildcard, at its level and in the rules below it.
+func TestShareThreshold(t *testing.T) {
+	cfg, err := compile([]srcFile{{name: "s.yaml", data: []byte(`domain: edge
+descriptors:
+  - key: path
+    value: /files/*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
+    descriptors:
+      - key: user
+        rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: path
+    value: /api/*
+    rate_limit: {unit: minute, requests_per_unit: 5}
+`)}}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared := cfg.Match("edge", []Entry{{"path", "/files/a"}})
+	if shared == nil || shared.CounterValue(0, "/files/a") != "/files/*" {
+		t.Fatalf("shared rule %+v", shared)
+	}
+	nested := cfg.Match("edge", []Entry{{"path", "/files/b"}, {"user", "u"}})
+	if nested == nil || nested.CounterValue(0, "/files/b") != "/files/*" || nested.CounterValue(1, "u") != "u" {
+		t.Errorf("nested rule %+v: the path shares, the user does not", nested)
+	}
+	apart := cfg.Match("edge", []Entry{{"path", "/api/a"}})
+	if apart == nil || apart.Shared != nil || apart.CounterValue(0, "/api/a") != "/api/a" {
+		t.Errorf("rule without share_threshold %+v", apart)
+	}
+}
+
 // TestAllErrorsReported checks that a load reports every problem, sorted.
 func TestAllErrorsReported(t *testing.T) {
 	path := filepath.Join(fixtures, "bad", "many_errors.yaml")
@@ -175,7 +308,7 @@ func TestErrorsAcrossFiles(t *testing.T) {
 	}
 
 	tmp := t.TempDir()
-	write(t, tmp, "a.yaml", "domain: a\ndescriptors:\n  - key: x\n    rate_limit: {unit: day}\n")
+	write(t, tmp, "a.yaml", "domain: a\ndescriptors:\n  - key: x\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n")
 	write(t, tmp, "b.yaml", "domain: b\nbogus: 1\n")
 	_, err = Load(tmp, Options{})
 	var list ErrorList
@@ -722,5 +855,41 @@ func TestRequestsPerUnitZeroBlocks(t *testing.T) {
 	}
 	if r := cfg.Match("blocked", []Entry{{"remote_address", "50.0.0.6"}}); r != nil {
 		t.Errorf("another address matched %+v", r)
+	}
+}
+
+// TestSubfolderWarned checks that a subfolder holding YAML files is not read
+// but warned about (envoyproxy/ratelimit reads subfolders), and that one
+// without any, or a hidden one, is not.
+func TestSubfolderWarned(t *testing.T) {
+	dir := t.TempDir()
+	write(t, dir, "a.yaml", "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n")
+	for _, sub := range []string{"teamb/deeper", "empty", ".hidden"} {
+		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(t, filepath.Join(dir, "teamb", "deeper"), "b.yaml", "domain: b\n")
+	write(t, filepath.Join(dir, ".hidden"), "c.yaml", "domain: c\n")
+	write(t, filepath.Join(dir, "empty"), "notes.txt", "x")
+	cfg, err := Load(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cfg.Domains(); len(d) != 1 || d[0].Domain != "a" {
+		t.Errorf("domains %+v, want a alone", d)
+	}
+	ws := cfg.Warnings()
+	if len(ws) != 1 || ws[0].Pos.File != filepath.Join(dir, "teamb") || !strings.Contains(ws[0].Msg, "folder not read") {
+		t.Errorf("warnings %v, want one for teamb", ws)
+	}
+	// A folder of subfolders alone holds no configuration.
+	only := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(only, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write(t, filepath.Join(only, "sub"), "x.yaml", "domain: x\n")
+	if _, err := Load(only, Options{}); err == nil || !strings.Contains(err.Error(), "no configuration files") {
+		t.Errorf("folder with a subfolder only: %v", err)
 	}
 }

@@ -11,20 +11,23 @@
 //	domain: <string, required, unique across files>
 //	descriptors:                       # optional list
 //	  - key: <string, required>
-//	    value: <string, optional; '*' matches any run of characters>
+//	    value: <string, optional ("" or null: absent); '*' matches any run of characters>
 //	    rate_limit:                    # optional; or rate_limits, not both
 //	      unit: second|minute|hour|day|week|month|year   # or window
 //	      window: <Go duration: 500ms, 90s, 1h30m>       # or unit
-//	      requests_per_unit: <positive integer>
+//	      requests_per_unit: <integer; 0 or missing blocks, with a warning when missing>
 //	      algorithm: sliding_window|fixed_window|token_bucket|sliding_log
 //	      burst: <positive integer, token_bucket only; default requests_per_unit>
 //	      failure_mode: fallback|allow|deny
 //	      name: <string; default the rule ID>
 //	      replaces: [{name: <a rate_limit name of this domain>}]
-//	      unlimited: <bool; alone, without unit/window/requests_per_unit>
+//	      unlimited: <bool; without unit/window (requests_per_unit ignored)>
 //	    rate_limits: [<rate_limit>, ...]   # several limits, all must pass
 //	    shadow_mode: <bool>
-//	    detailed_metric: <bool>
+//	    quota_mode: <bool; as shadow_mode>
+//	    share_threshold: <bool; a wildcard value's matches share a counter>
+//	    detailed_metric: <bool; no effect>
+//	    value_to_metric: <bool; no effect>
 //	    descriptors: [...]              # nested descriptors
 //
 // Units are fixed lengths, as in envoyproxy/ratelimit: a month is 30 days
@@ -32,7 +35,12 @@
 // Unit names are case-insensitive. Booleans also accept YAML 1.1's yes/no/
 // on/off, and scalars of any type are read as strings for key, value, name
 // and domain, as envoyproxy/ratelimit's YAML library does. Anchors, aliases
-// and merge keys (<<) work. Unknown keys are errors, at every level.
+// and merge keys (<<) work. A key whose value is null is as if absent, and
+// of a key given twice the last counts (with a warning), as envoyproxy/
+// ratelimit's YAML library decodes. Unknown keys are errors, at every
+// level; one of envoyproxy/ratelimit's keys out of place is ignored with a
+// warning, as that service ignores it. Config.Warnings lists what loaded
+// but has no effect.
 //
 // Limits: requests_per_unit and burst are at most MaxRequests (2^53−1);
 // sliding_window and fixed_window allow at most 2^51−1 requests per window
@@ -46,9 +54,9 @@
 // requests_per_unit: 0 blocks, as in envoyproxy/ratelimit's README: every
 // request is over the limit and nothing is counted (Limit.Blocked).
 //
-// Differences from envoyproxy/ratelimit: an explicitly empty value is rejected (leave value out to match
-// every value); `*` may appear anywhere in a value, not only at its end; a
-// file with a second YAML document is rejected instead of ignoring it.
+// Differences from envoyproxy/ratelimit: `*` may appear anywhere in a value,
+// not only at its end; a key containing '.' or '=' whose rule ID equals
+// another rule's is refused (the ID names the counters).
 //
 // # Identity
 //
@@ -61,9 +69,10 @@
 // them. Rule.Name is the configured name, else the ID.
 //
 // Names need not be unique within a domain (as in envoyproxy/ratelimit):
-// replaces: [{name: n}] refers to every rate limit named n, and it is an
-// error when no rate limit of the domain is named n, or when n names the
-// replacing rate limit itself.
+// replaces: [{name: n}] refers to every rate limit configured with the name
+// n (an unnamed limit is never replaced); it is a warning when no rate limit
+// of the domain is named n, and an error when n names the replacing rate
+// limit itself.
 //
 // # Matching
 //

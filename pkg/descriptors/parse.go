@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -35,6 +36,9 @@ const (
 type srcFile struct {
 	name string // path as reported in errors
 	data []byte
+	// folder: a subfolder of the configuration folder that holds YAML
+	// files, which are not read; compile warns about it.
+	folder bool
 }
 
 // unitWindow returns the window of a rate_limit unit (lower case). Month
@@ -91,8 +95,11 @@ func newDomainBuild(name string, pos Position) *domainBuild {
 
 // compiler turns files into a Config, collecting every error.
 type compiler struct {
-	opts      Options
-	errs      ErrorList
+	opts Options
+	errs ErrorList
+	// warns are what envoyproxy/ratelimit loads and envoy-rls loads too,
+	// but the operator should hear about: something that has no effect.
+	warns     ErrorList
 	domains   map[string]*domainBuild
 	order     []*domainBuild
 	nodes     int
@@ -127,17 +134,29 @@ func (c *compiler) errorf(pos Position, format string, args ...any) {
 	c.errs = append(c.errs, e)
 }
 
+// warnf records a warning: the configuration loads, and the warning is
+// logged with it and printed by check-config.
+func (c *compiler) warnf(pos Position, format string, args ...any) {
+	if len(c.warns) < maxErrors {
+		c.warns = append(c.warns, &Error{Pos: pos, Msg: fmt.Sprintf(format, args...)})
+	}
+}
+
 // compile parses, validates and compiles files (in order) into a Config.
 // The error is an ErrorList.
 func compile(files []srcFile, opts Options) (*Config, error) {
 	c := &compiler{opts: opts, domains: map[string]*domainBuild{}}
 	for _, f := range files {
+		if f.folder {
+			c.warnf(Position{File: f.name}, "folder not read: envoy-rls reads the *.yaml and *.yml files directly in the configuration folder, not in its subfolders (envoyproxy/ratelimit reads those too): move its files up")
+			continue
+		}
 		c.file(f)
 	}
 	for _, d := range c.order {
 		for _, r := range d.replaces {
 			if !d.names[r.name] {
-				c.errorf(r.pos, "replaces names %q, but no rate_limit in domain %q has that name", r.name, d.name)
+				c.warnf(r.pos, "replaces names %q, but no rate_limit in domain %q has that name: it replaces nothing", r.name, d.name)
 			}
 		}
 	}
@@ -148,7 +167,10 @@ func compile(files []srcFile, opts Options) (*Config, error) {
 		}
 		return nil, c.errs
 	}
-	return newConfig(c.order, digest(files)), nil
+	c.warns.sort()
+	cfg := newConfig(c.order, digest(files))
+	cfg.warnings = c.warns
+	return cfg, nil
 }
 
 var yamlLineRE = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
@@ -181,9 +203,11 @@ func (c *compiler) file(f srcFile) {
 	switch err := dec.Decode(&extra); {
 	case err == nil:
 		if len(extra.Content) > 0 && !isNull(extra.Content[0]) {
-			c.errorf(c.pos(extra.Content[0]), "a second YAML document: a file holds exactly one domain")
+			c.warnf(c.pos(extra.Content[0]), "a second YAML document is ignored, as envoyproxy/ratelimit ignores it: a file holds one domain")
 		}
 	case !errors.Is(err, io.EOF):
+		// envoyproxy/ratelimit does not read past the first document;
+		// what follows it must still be YAML.
 		c.yamlError(err)
 		return
 	}
@@ -247,13 +271,15 @@ type pair struct {
 const maxPairs = 2_000_000
 
 // pairs returns the keys of mapping n in order, expanding YAML merge keys
-// (explicit keys win over merged ones) and reporting non-string and
-// duplicate keys.
+// (explicit keys win over merged ones) and reporting non-string keys. As in
+// envoyproxy/ratelimit, whose YAML library decodes into zero values, a key
+// whose value is null is left out (it is as if absent), and of a key given
+// twice the last counts (with a warning).
 func (c *compiler) pairs(n *yaml.Node) []pair { return c.pairsAt(n, 0) }
 
 func (c *compiler) pairsAt(n *yaml.Node, depth int) []pair {
 	var out []pair
-	seen := map[string]*yaml.Node{}
+	seen := map[string]int{} // index in out
 	var merged []pair
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		if c.pairCount++; c.pairCount > maxPairs {
@@ -271,20 +297,22 @@ func (c *compiler) pairsAt(n *yaml.Node, depth int) []pair {
 			c.errorf(c.pos(k), "mapping keys must be strings, got %s", kindName(k))
 			continue
 		}
-		if first, dup := seen[k.Value]; dup {
-			c.errorf(c.pos(k), "duplicate key %q (first at line %d)", k.Value, first.Line)
+		p := pair{key: k.Value, k: k, v: v}
+		if i, dup := seen[k.Value]; dup {
+			c.warnf(c.pos(k), "key %q is given twice (first at line %d): the last one counts, as in envoyproxy/ratelimit", k.Value, out[i].k.Line)
+			out[i] = p
 			continue
 		}
-		seen[k.Value] = k
-		out = append(out, pair{key: k.Value, k: k, v: v})
+		seen[k.Value] = len(out)
+		out = append(out, p)
 	}
 	for _, p := range merged {
 		if _, dup := seen[p.key]; !dup {
-			seen[p.key] = p.k
+			seen[p.key] = len(out)
 			out = append(out, p)
 		}
 	}
-	return out
+	return slices.DeleteFunc(out, func(p pair) bool { return isNull(p.v) })
 }
 
 // mergeSource returns the pairs a merge key's value contributes.
@@ -311,22 +339,40 @@ func (c *compiler) mergeSource(v *yaml.Node, depth int) []pair {
 	return nil
 }
 
+// incumbentKeys are the keys envoyproxy/ratelimit knows. It checks them
+// against one flat list, wherever they are, and ignores one out of place.
+var incumbentKeys = map[string]bool{
+	"domain": true, "key": true, "value": true, "descriptors": true, "rate_limit": true,
+	"unit": true, "requests_per_unit": true, "unlimited": true, "shadow_mode": true,
+	"quota_mode": true, "name": true, "replaces": true, "detailed_metric": true,
+	"value_to_metric": true, "share_threshold": true,
+}
+
 // unknownKey reports key p, which is not valid in a mapping of kind what.
-func (c *compiler) unknownKey(p pair, what, want string) {
+// One of envoyproxy/ratelimit's keys out of place is ignored with a
+// warning, as that service ignores it (so its files load unchanged);
+// anything else is an error, reported true.
+func (c *compiler) unknownKey(p pair, what, want string) bool {
 	var home string
 	switch p.key {
 	case "domain":
 		home = "the top level of the file"
-	case "descriptors", "key", "value", "rate_limit", "rate_limits", "shadow_mode", "detailed_metric":
+	case "descriptors", "key", "value", "rate_limit", "rate_limits", "shadow_mode", "detailed_metric",
+		"quota_mode", "value_to_metric", "share_threshold":
 		home = "a descriptor"
 	case "unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "window", "burst", "failure_mode":
 		home = "a rate_limit"
 	}
-	if home != "" {
+	switch {
+	case incumbentKeys[p.key]:
+		c.warnf(c.pos(p.k), "key %q is ignored in %s, as envoyproxy/ratelimit ignores it: it belongs in %s", p.key, what, home)
+		return false
+	case home != "":
 		c.errorf(c.pos(p.k), "unknown key %q in %s: it belongs in %s", p.key, what, home)
-		return
+	default:
+		c.errorf(c.pos(p.k), "unknown key %q in %s (want %s)", p.key, what, want)
 	}
-	c.errorf(c.pos(p.k), "unknown key %q in %s (want %s)", p.key, what, want)
+	return true
 }
 
 // str returns the text of scalar n (any scalar, like envoyproxy/ratelimit's
@@ -445,11 +491,15 @@ func (c *compiler) root(n *yaml.Node) {
 		d = newDomainBuild(name, domainPos)
 	}
 	if descs != nil {
-		c.descriptors(descs, d, d.root, "", 1)
+		c.descriptors(descs, d, d.root, "", nil)
 	}
 }
 
-func (c *compiler) descriptors(n *yaml.Node, d *domainBuild, lvl *level, prefix string, depth int) {
+// descriptors compiles the list n at the level below prefix. shared holds,
+// for each level above, the wildcard value its matches share a counter of
+// (share_threshold), or "".
+func (c *compiler) descriptors(n *yaml.Node, d *domainBuild, lvl *level, prefix string, shared []string) {
+	depth := len(shared) + 1
 	if isNull(n) {
 		return
 	}
@@ -463,11 +513,11 @@ func (c *compiler) descriptors(n *yaml.Node, d *domainBuild, lvl *level, prefix 
 		return
 	}
 	for _, item := range n.Content {
-		c.descriptor(resolve(item), d, lvl, prefix, depth)
+		c.descriptor(resolve(item), d, lvl, prefix, shared)
 	}
 }
 
-func (c *compiler) descriptor(n *yaml.Node, d *domainBuild, lvl *level, prefix string, depth int) {
+func (c *compiler) descriptor(n *yaml.Node, d *domainBuild, lvl *level, prefix string, shared []string) {
 	if c.nodes++; c.nodes > MaxDescriptors {
 		if !c.tooMany {
 			c.tooMany = true
@@ -483,9 +533,11 @@ func (c *compiler) descriptor(n *yaml.Node, d *domainBuild, lvl *level, prefix s
 		key, value                string
 		hasKey, hasValue          bool
 		keyOK, valueOK            = true, true
-		keyNode, valueNode        *yaml.Node
+		keyNode                   *yaml.Node
 		rl, rls, children, rlsKey *yaml.Node
-		shadow, detailed          bool
+		shadow, quota, detailed   bool
+		share                     bool
+		shareKey                  *yaml.Node
 	)
 	for _, p := range c.pairs(n) {
 		switch p.key {
@@ -493,7 +545,7 @@ func (c *compiler) descriptor(n *yaml.Node, d *domainBuild, lvl *level, prefix s
 			hasKey, keyNode = true, p.v
 			key, keyOK = c.str(p.v, "key")
 		case "value":
-			hasValue, valueNode = true, p.v
+			hasValue = true
 			value, valueOK = c.str(p.v, "value")
 		case "rate_limit":
 			rl = p.v
@@ -503,10 +555,17 @@ func (c *compiler) descriptor(n *yaml.Node, d *domainBuild, lvl *level, prefix s
 			children = p.v
 		case "shadow_mode":
 			shadow, _ = c.boolean(p.v, "shadow_mode")
+		case "quota_mode":
+			quota, _ = c.boolean(p.v, "quota_mode")
 		case "detailed_metric":
 			detailed, _ = c.boolean(p.v, "detailed_metric")
+		case "value_to_metric":
+			c.boolean(p.v, "value_to_metric") // metrics never carry values
+		case "share_threshold":
+			share, _ = c.boolean(p.v, "share_threshold")
+			shareKey = p.k
 		default:
-			c.unknownKey(p, "descriptor", "key, value, rate_limit, rate_limits, descriptors, shadow_mode, detailed_metric")
+			c.unknownKey(p, "descriptor", "key, value, rate_limit, rate_limits, descriptors, shadow_mode, quota_mode, detailed_metric, value_to_metric, share_threshold")
 		}
 	}
 	pos := c.pos(n)
@@ -523,8 +582,7 @@ func (c *compiler) descriptor(n *yaml.Node, d *domainBuild, lvl *level, prefix s
 		valid = false
 	}
 	if hasValue && valueOK && value == "" {
-		c.errorf(c.pos(valueNode), "value is empty: leave value out to match every value of the key")
-		valid = false
+		hasValue = false // envoyproxy/ratelimit's key-only descriptor
 	}
 	seg := key
 	if hasValue {
@@ -538,6 +596,17 @@ func (c *compiler) descriptor(n *yaml.Node, d *domainBuild, lvl *level, prefix s
 	if hasValue && strings.Contains(value, "*") {
 		nd.wildcard = true
 		nd.glob = compileGlob(value)
+	}
+	// share_threshold: every value the wildcard matches counts as the
+	// wildcard itself, at this level and in the rules below it.
+	here := append(slices.Clip(shared), "")
+	if share {
+		if nd.wildcard {
+			here[len(shared)] = value
+		} else {
+			c.errorf(c.pos(shareKey), "share_threshold needs a wildcard value (with '*'), as in envoyproxy/ratelimit: every value it matches then shares one counter")
+			valid = false
+		}
 	}
 	if valid {
 		if prev := lvl.add(nd, hasValue); prev != nil {
@@ -571,8 +640,13 @@ func (c *compiler) descriptor(n *yaml.Node, d *domainBuild, lvl *level, prefix s
 		}
 	}
 	if rule != nil && valid {
-		rule.ShadowMode = shadow
+		// quota_mode: over the limit is reported and counted, never
+		// denied, as shadow_mode.
+		rule.ShadowMode = shadow || quota
 		rule.DetailedMetric = detailed
+		if slices.ContainsFunc(here, func(v string) bool { return v != "" }) {
+			rule.Shared = here
+		}
 		if prev := d.ids[rule.ID]; prev != nil {
 			c.errorf(pos, "rule ID %q is ambiguous: the rule at %s has the same ID (a key or value contains '.' or '=')", rule.ID, prev.Pos)
 		} else {
@@ -584,7 +658,7 @@ func (c *compiler) descriptor(n *yaml.Node, d *domainBuild, lvl *level, prefix s
 	}
 	if children != nil && !isNull(children) {
 		nd.children = newLevel()
-		c.descriptors(children, d, nd.children, id, depth+1)
+		c.descriptors(children, d, nd.children, id, here)
 	}
 }
 
@@ -676,8 +750,9 @@ func (c *compiler) limit(n *yaml.Node, multi bool) parsedLimit {
 		case "unit", "window", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "failure_mode":
 			fields[p.key] = p
 		default:
-			c.unknownKey(p, what, "unit or window, requests_per_unit, algorithm, burst, failure_mode, name, replaces, unlimited")
-			ok = false
+			if c.unknownKey(p, what, "unit or window, requests_per_unit, algorithm, burst, failure_mode, name, replaces, unlimited") {
+				ok = false
+			}
 		}
 	}
 	fail := func(p pair, format string, args ...any) {
@@ -707,11 +782,14 @@ func (c *compiler) limit(n *yaml.Node, multi bool) parsedLimit {
 			c.errorf(c.pos(fields["unlimited"].k), "unlimited is not allowed in rate_limits: use rate_limit: {unlimited: true}")
 			ok = false
 		}
-		for _, k := range []string{"unit", "window", "requests_per_unit", "algorithm", "burst", "failure_mode"} {
+		for _, k := range []string{"unit", "window", "algorithm", "burst", "failure_mode"} {
 			if p, has := fields[k]; has {
 				c.errorf(c.pos(p.k), "%s cannot be combined with unlimited: true", k)
 				ok = false
 			}
+		}
+		if p, has := fields["requests_per_unit"]; has {
+			c.warnf(c.pos(p.k), "requests_per_unit is ignored: the limit is unlimited (envoyproxy/ratelimit ignores it too)")
 		}
 		out.ok = ok
 		return out
@@ -772,8 +850,8 @@ func (c *compiler) limit(n *yaml.Node, multi bool) parsedLimit {
 		ok = ok && good
 		l.Limit.Requests = v
 	} else {
-		c.errorf(c.pos(n), "%s needs requests_per_unit", what)
-		ok = false
+		// envoyproxy/ratelimit reads a missing count as 0, which blocks.
+		c.warnf(c.pos(n), "%s has no requests_per_unit: 0, which blocks every request, as in envoyproxy/ratelimit", what)
 	}
 	if p, has := fields["burst"]; has {
 		if l.Limit.Algorithm != limiter.TokenBucket {

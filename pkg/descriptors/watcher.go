@@ -243,7 +243,10 @@ func (w *Watcher) report(ev ReloadEvent) ReloadEvent {
 	switch ev.Outcome {
 	case Loaded:
 		log.Info("descriptor configuration loaded", "dir", w.opts.Dir, "trigger", ev.Trigger.String(),
-			"domains", len(ev.Config.Domains()), "digest", ev.Config.Digest())
+			"domains", len(ev.Config.Domains()), "digest", ev.Config.Digest(), "warnings", len(ev.Config.Warnings()))
+		for _, warn := range ev.Config.Warnings() {
+			log.Warn("descriptor configuration: "+warn.Msg, "at", warn.Pos.String())
+		}
 	case Failed:
 		if ev.Config != nil {
 			log.Error("descriptor configuration rejected; keeping the last good one", "dir", w.opts.Dir,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/envoy-rls/envoy-rls/internal/testenv"
 )
 
 const ruleYAML = "domain: edge\ndescriptors:\n  - key: %s\n    rate_limit: {unit: second, requests_per_unit: 1}\n"
@@ -586,5 +589,21 @@ func TestWatcherRevertRestores(t *testing.T) {
 		if ev := h.poll(); ev.Outcome != Unchanged || ev.Err != nil {
 			t.Fatalf("%s: poll after the revert: %+v, want Unchanged", bad.name, ev)
 		}
+	}
+}
+
+// TestWatcherLogsWarnings checks that a load's warnings reach the log, each
+// with its position, and that the load is counted as a success.
+func TestWatcherLogsWarnings(t *testing.T) {
+	dir := t.TempDir()
+	write(t, dir, "edge.yaml", "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1, shadow_mode: true}\n")
+	var buf testenv.Buffer
+	w, err := NewWatcher(WatcherOptions{Dir: dir, Logger: slog.New(slog.NewTextHandler(&buf, nil))})
+	if err != nil || w.Current() == nil {
+		t.Fatalf("NewWatcher: %v", err)
+	}
+	want := `level=WARN msg="descriptor configuration: key \"shadow_mode\" is ignored in rate_limit, as envoyproxy/ratelimit ignores it: it belongs in a descriptor" at=` + filepath.Join(dir, "edge.yaml") + ":4:"
+	if out := buf.String(); !strings.Contains(out, want) || !strings.Contains(out, "warnings=1") {
+		t.Errorf("log lacks %q and warnings=1:\n%s", want, out)
 	}
 }

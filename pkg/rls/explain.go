@@ -149,7 +149,7 @@ func (s *Service) Explain(ctx context.Context, domain string, entries []descript
 			el.RetryAfterMS = el.WindowMS
 		} else {
 			reqs = append(reqs, limiter.Request{
-				Key:         explainKey(domain, l.ID, entries),
+				Key:         explainKey(domain, l.ID, rule, entries),
 				Limit:       l.Limit,
 				Hits:        0, // check only: consumes nothing
 				Shadow:      el.Shadow,
@@ -180,13 +180,13 @@ func (s *Service) Explain(ctx context.Context, domain string, entries []descript
 
 // explainKey is the counter key ShouldRateLimit uses for limit id and a
 // descriptor with these entries (see plan).
-func explainKey(domain, id string, entries []descriptors.Entry) string {
+func explainKey(domain, id string, rule *descriptors.Rule, entries []descriptors.Entry) string {
 	var b []byte
 	b = limiter.AppendKeyPart(b, domain)
 	b = limiter.AppendKeyPart(b, id)
-	for _, e := range entries {
+	for i, e := range entries {
 		b = limiter.AppendKeyPart(b, e.Key)
-		b = limiter.AppendKeyPart(b, e.Value)
+		b = limiter.AppendKeyPart(b, rule.CounterValue(i, e.Value))
 	}
 	return string(b)
 }

@@ -397,7 +397,7 @@ func (s *Service) plan(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, sc 
 			start := len(sc.key)
 			sc.key = limiter.AppendKeyPart(sc.key, domain)
 			sc.key = limiter.AppendKeyPart(sc.key, "") // no rule has an empty ID
-			sc.key = appendEntries(sc.key, d)
+			sc.key = appendEntries(sc.key, d, ds.rule)
 			sc.reqs = append(sc.reqs, limiter.Request{
 				Limit: lim, Hits: beyond(hits, lim), Shadow: s.shadow || refund, FailureMode: fm,
 			})
@@ -416,7 +416,7 @@ func (s *Service) plan(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, sc 
 				start := len(sc.key)
 				sc.key = limiter.AppendKeyPart(sc.key, domain)
 				sc.key = limiter.AppendKeyPart(sc.key, l.ID)
-				sc.key = appendEntries(sc.key, d)
+				sc.key = appendEntries(sc.key, d, r)
 				unit, mult := reportedUnit(l)
 				q := limiter.Request{
 					Limit:       l.Limit,
@@ -500,10 +500,13 @@ func (sc *scratch) isReplaced(name string, owner *descriptors.Rule) bool {
 	return false
 }
 
-func appendEntries(dst []byte, d *ratelimitv3.RateLimitDescriptor) []byte {
-	for _, e := range d.Entries {
+// appendEntries appends the entries of d that name its counter of rule r
+// (nil: none matched): each key and value, or the wildcard a value shares
+// its counter with (share_threshold).
+func appendEntries(dst []byte, d *ratelimitv3.RateLimitDescriptor, r *descriptors.Rule) []byte {
+	for i, e := range d.Entries {
 		dst = limiter.AppendKeyPart(dst, e.Key)
-		dst = limiter.AppendKeyPart(dst, e.Value)
+		dst = limiter.AppendKeyPart(dst, r.CounterValue(i, e.Value))
 	}
 	return dst
 }

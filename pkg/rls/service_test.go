@@ -627,6 +627,50 @@ descriptors:
 	}
 }
 
+// share_threshold (envoyproxy/ratelimit's): every value a wildcard matches
+// takes from one counter; without it each value has its own. quota_mode
+// counts and never denies, as shadow_mode.
+func TestShareThresholdAndQuotaMode(t *testing.T) {
+	e := newEnv(t, map[string]string{"d.yaml": `
+domain: d
+descriptors:
+  - key: path
+    value: /files/*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: path
+    value: /api/*
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: tenant
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`}, Options{})
+	var shared, apart []rlsv3.RateLimitResponse_Code
+	for _, v := range []string{"a", "b", "c"} {
+		shared = append(shared, e.must(request("d", desc("path", "/files/"+v))).OverallCode)
+		apart = append(apart, e.must(request("d", desc("path", "/api/"+v))).OverallCode)
+	}
+	if fmt.Sprint(shared) != "[OK OK OVER_LIMIT]" {
+		t.Errorf("three values of a shared wildcard of 2/min: %v, want [OK OK OVER_LIMIT]", shared)
+	}
+	if fmt.Sprint(apart) != "[OK OK OK]" {
+		t.Errorf("three values of a wildcard of 2/min each: %v, want [OK OK OK]", apart)
+	}
+	ex, err := e.svc.Explain(context.Background(), "d", []descriptors.Entry{{Key: "path", Value: "/files/z"}})
+	if err != nil || len(ex.Limits) != 1 || ex.Limits[0].Remaining != 0 {
+		t.Errorf("explain of another shared value: %+v, %v; want the shared counter, spent", ex, err)
+	}
+	for i := range 3 {
+		resp := e.must(request("d", desc("tenant", "acme")))
+		if resp.OverallCode != rlsv3.RateLimitResponse_OK {
+			t.Errorf("quota_mode request %d: %v, want OK", i, resp.OverallCode)
+		}
+		if i > 0 && resp.Statuses[0].LimitRemaining != 0 {
+			t.Errorf("quota_mode request %d: remaining %d, want 0 (counted)", i, resp.Statuses[0].LimitRemaining)
+		}
+	}
+}
+
 func TestSeveralLimitsPerDescriptor(t *testing.T) {
 	e := newEnv(t, testFiles, Options{})
 	cfg := e.svc.cfg.Current()
