@@ -9,9 +9,10 @@ import (
 )
 
 // decodeRequest decodes b into req when b is a request of the usual shape:
-// a domain, descriptors made of entries only, and a hits_addend, with every
-// string valid UTF-8 and no other field. req then holds what proto.Unmarshal
-// gives (a test and a fuzz target compare them) with far fewer allocations:
+// a domain, descriptors made of entries only, and a hits_addend, with the
+// domain and keys valid UTF-8 and no other field. req then holds what
+// proto.Unmarshal gives (a test and a fuzz target compare them) with far
+// fewer allocations:
 // the descriptors, the entries and the two slices of pointers to them are
 // four arrays, and the keys and values of every entry are substrings of one
 // copy of b (which is gRPC's buffer, reused once the request is decoded).
@@ -19,10 +20,15 @@ import (
 // (the unknown ones it has logged) and gives them to the Observer; a key or
 // value is handed out only to a DenyObserver, which must copy it.
 //
+// An entry's value may be any bytes, where proto.Unmarshal refuses the
+// request: a value is a client's header as Envoy read it, which need not be
+// UTF-8, and refusing the request would let it through uncounted (see
+// checkEntry).
+//
 // For anything else (a descriptor's limit override, hits_addend or
 // is_negative_hits, an unknown field, a field of an unexpected wire type,
-// invalid UTF-8, malformed bytes) it reports false and leaves req
-// untouched, and the caller uses proto.Unmarshal.
+// invalid UTF-8 in the domain or a key, malformed bytes) it reports false and
+// leaves req untouched, and the caller uses proto.Unmarshal.
 //
 // It runs on every request: a request of two descriptors and three entries
 // takes 6 allocations instead of 17 and about a third less time
@@ -161,7 +167,7 @@ func scanDescriptor(b []byte) (entries int, ok bool) {
 			}
 			e = e[n:]
 			s, n := protowire.ConsumeBytes(e)
-			if n < 0 || !utf8.Valid(s) {
+			if n < 0 || num == fieldKey && !utf8.Valid(s) {
 				return 0, false
 			}
 			e = e[n:]

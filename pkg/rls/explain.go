@@ -149,7 +149,7 @@ func (s *Service) Explain(ctx context.Context, domain string, entries []descript
 			el.RetryAfterMS = el.WindowMS
 		} else {
 			reqs = append(reqs, limiter.Request{
-				Key:         explainKey(domain, l.ID, rule, entries),
+				Key:         explainKey(domain, l.ID, rule, entries, s.limits.MaxValueBytes),
 				Limit:       l.Limit,
 				Hits:        0, // check only: consumes nothing
 				Shadow:      el.Shadow,
@@ -180,13 +180,13 @@ func (s *Service) Explain(ctx context.Context, domain string, entries []descript
 
 // explainKey is the counter key ShouldRateLimit uses for limit id and a
 // descriptor with these entries (see plan).
-func explainKey(domain, id string, rule *descriptors.Rule, entries []descriptors.Entry) string {
+func explainKey(domain, id string, rule *descriptors.Rule, entries []descriptors.Entry, maxValue int) string {
 	var b []byte
 	b = limiter.AppendKeyPart(b, domain)
 	b = limiter.AppendKeyPart(b, id)
 	for i, e := range entries {
 		b = limiter.AppendKeyPart(b, e.Key)
-		b = limiter.AppendKeyPart(b, rule.CounterValue(i, e.Value))
+		b = appendValue(b, rule.CounterValue(i, e.Value), maxValue)
 	}
 	return string(b)
 }
@@ -209,7 +209,7 @@ func (s *Service) validateExplain(domain string, entries []descriptors.Entry) er
 		return invalid("descriptors[0].entries: %d entries exceed the maximum of %d", m, lim.MaxEntries)
 	}
 	for j, e := range entries {
-		if err := checkEntry(0, j, e.Key, e.Value, lim); err != nil {
+		if err := checkEntry(0, j, e.Key, lim); err != nil {
 			return err
 		}
 	}

@@ -199,8 +199,8 @@ func TestExplainErrors(t *testing.T) {
 		{"", entries("user", "u"), "domain: must not be empty"},
 		{"test", nil, "entries: must not be empty"},
 		{"test", entries("", "u"), "entries[0].key: must not be empty"},
-		{"test", entries("user", strings.Repeat("v", DefaultMaxValueBytes+1)), "entries[0].value"},
-		{"test", entries("user", "\xff"), "invalid UTF-8"},
+		{"test", entries(strings.Repeat("k", DefaultMaxKeyBytes+1), "v"), "entries[0].key"},
+		{"test", entries("\xff", "v"), "invalid UTF-8"},
 	} {
 		_, err := e.svc.Explain(context.Background(), tc.domain, tc.entries)
 		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) {

@@ -96,9 +96,10 @@ type RequestLimits struct {
 	MaxDomainBytes int
 	// MaxKeyBytes is the longest entry key, in bytes. Default 256.
 	MaxKeyBytes int
-	// MaxValueBytes is the longest entry value, in bytes. Default 1024
-	// (room for a long path or a JWT subject; a whole header blob is
-	// almost certainly a misconfigured action).
+	// MaxValueBytes is the longest entry value, in bytes, that names its
+	// counter as it is. Default 1024 (room for a long path or a JWT
+	// subject). A longer value is not refused, since it is often a
+	// client's: its counter is named by its SHA-256 instead.
 	MaxValueBytes int
 }
 

@@ -2,6 +2,7 @@ package rls
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -397,7 +398,7 @@ func (s *Service) plan(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, sc 
 			start := len(sc.key)
 			sc.key = limiter.AppendKeyPart(sc.key, domain)
 			sc.key = limiter.AppendKeyPart(sc.key, "") // no rule has an empty ID
-			sc.key = appendEntries(sc.key, d, ds.rule)
+			sc.key = appendEntries(sc.key, d, ds.rule, s.limits.MaxValueBytes)
 			sc.reqs = append(sc.reqs, limiter.Request{
 				Limit: lim, Hits: beyond(hits, lim), Shadow: s.shadow || refund, FailureMode: fm,
 			})
@@ -416,7 +417,7 @@ func (s *Service) plan(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, sc 
 				start := len(sc.key)
 				sc.key = limiter.AppendKeyPart(sc.key, domain)
 				sc.key = limiter.AppendKeyPart(sc.key, l.ID)
-				sc.key = appendEntries(sc.key, d, r)
+				sc.key = appendEntries(sc.key, d, r, s.limits.MaxValueBytes)
 				unit, mult := reportedUnit(l)
 				q := limiter.Request{
 					Limit:       l.Limit,
@@ -503,10 +504,27 @@ func (sc *scratch) isReplaced(name string, owner *descriptors.Rule) bool {
 // appendEntries appends the entries of d that name its counter of rule r
 // (nil: none matched): each key and value, or the wildcard a value shares
 // its counter with (share_threshold).
-func appendEntries(dst []byte, d *ratelimitv3.RateLimitDescriptor, r *descriptors.Rule) []byte {
+func appendEntries(dst []byte, d *ratelimitv3.RateLimitDescriptor, r *descriptors.Rule, maxValue int) []byte {
 	for i, e := range d.Entries {
 		dst = limiter.AppendKeyPart(dst, e.Key)
-		dst = limiter.AppendKeyPart(dst, r.CounterValue(i, e.Value))
+		dst = appendValue(dst, r.CounterValue(i, e.Value), maxValue)
 	}
 	return dst
+}
+
+// digestMark starts the key part that stands for a value longer than the
+// request limits' MaxValueBytes: the mark and the value's SHA-256. A value of
+// the same bytes would need a SHA-256 preimage.
+const digestMark = "\x00sha256:"
+
+// appendValue appends value v as a key part: v itself, or, when it is longer
+// than max bytes, its digest. A client's header can be as long as Envoy
+// lets it (60 KiB by default); counted by digest, each value still has its
+// own counter, and the counter's name stays short.
+func appendValue(dst []byte, v string, max int) []byte {
+	if len(v) <= max {
+		return limiter.AppendKeyPart(dst, v)
+	}
+	sum := sha256.Sum256([]byte(v))
+	return limiter.AppendKeyPart(dst, digestMark+string(sum[:]))
 }

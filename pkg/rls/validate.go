@@ -54,7 +54,7 @@ func (s *Service) validate(req *rlsv3.RateLimitRequest) error {
 			if e == nil {
 				return invalid("descriptors[%d].entries[%d]: must not be null", i, j)
 			}
-			if err := checkEntry(i, j, e.Key, e.Value, lim); err != nil {
+			if err := checkEntry(i, j, e.Key, lim); err != nil {
 				return err
 			}
 		}
@@ -68,20 +68,9 @@ func (s *Service) validate(req *rlsv3.RateLimitRequest) error {
 }
 
 func checkString(field, v string, max int) error {
-	if v == "" {
-		return invalid("%s: must not be empty", field)
-	}
-	return checkValue(field, v, max)
-}
-
-// checkValue is checkString for a field that may be empty: a descriptor
-// entry's value. Envoy's request_headers action sends a header that is
-// present but empty as the value "", and envoyproxy/ratelimit matches it
-// (a key-only rule, or a wildcard of "*"); refusing the request would let
-// it through uncounted on every one of its descriptors, since Envoy admits a
-// request whose check failed unless failure_mode_deny is set.
-func checkValue(field, v string, max int) error {
 	switch {
+	case v == "":
+		return invalid("%s: must not be empty", field)
 	case len(v) > max:
 		return invalid("%s: %d bytes exceed the maximum of %d", field, len(v), max)
 	case !utf8.ValidString(v):
@@ -90,17 +79,19 @@ func checkValue(field, v string, max int) error {
 	return nil
 }
 
-// checkEntry checks a descriptor entry's key (not empty) and value (may be
-// empty), with the field path built only on failure.
-func checkEntry(i, j int, key, value string, lim *RequestLimits) error {
-	if key != "" && len(key) <= lim.MaxKeyBytes && len(value) <= lim.MaxValueBytes &&
-		utf8.ValidString(key) && utf8.ValidString(value) {
+// checkEntry checks a descriptor entry's key, which Envoy's configuration
+// names: not empty, at most MaxKeyBytes, UTF-8. Its value is not checked: it
+// is often a client's (a header Envoy copies as it came: empty, long, or not
+// UTF-8), and refusing the request for it would let the request through
+// uncounted on every descriptor, since Envoy admits a request whose check
+// failed unless failure_mode_deny is set. An empty value matches a key-only
+// rule or a "*" pattern, as in envoyproxy/ratelimit; a value longer than
+// MaxValueBytes is counted under its digest (appendValue).
+func checkEntry(i, j int, key string, lim *RequestLimits) error {
+	if key != "" && len(key) <= lim.MaxKeyBytes && utf8.ValidString(key) {
 		return nil
 	}
-	if err := checkString(fmt.Sprintf("descriptors[%d].entries[%d].key", i, j), key, lim.MaxKeyBytes); err != nil {
-		return err
-	}
-	return checkValue(fmt.Sprintf("descriptors[%d].entries[%d].value", i, j), value, lim.MaxValueBytes)
+	return checkString(fmt.Sprintf("descriptors[%d].entries[%d].key", i, j), key, lim.MaxKeyBytes)
 }
 
 func checkOverride(i int, o *ratelimitv3.RateLimitDescriptor_RateLimitOverride) error {
