@@ -104,24 +104,45 @@ func (p *proc) Log() string {
 	return string(b)
 }
 
-// waitJSONRecord polls the process log, which must be JSON records (slog's
-// JSON handler, one per line), until one satisfies match, and returns every
-// complete record read. A line that is no JSON record, the process's exit or
-// the deadline fails the test.
-func (p *proc) waitJSONRecord(what string, match func(map[string]any) bool) []map[string]any {
+// pollUntil calls try every pollInterval until it returns nil, and fails
+// the test when the process exits or readyTimeout passes first, naming what
+// it waited for and try's last error. ctx ends at that deadline.
+func (p *proc) pollUntil(what string, try func(ctx context.Context) error) {
 	p.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
 	tick := time.NewTicker(pollInterval)
 	defer tick.Stop()
 	for {
+		err := try(ctx)
+		if err == nil {
+			return
+		}
+		select {
+		case <-p.done:
+			p.t.Fatalf("%s exited before %s (%v):\n%s", p.name, what, p.err, p.Log())
+		case <-ctx.Done():
+			p.t.Fatalf("%s: no %s after %v: %v\n%s", p.name, what, readyTimeout, err, p.Log())
+		case <-tick.C:
+		}
+	}
+}
+
+// waitJSONRecord polls the process log, which must be JSON records (slog's
+// JSON handler, one per line), until one satisfies match, and returns every
+// complete record read. A line that is no JSON record, the process's exit or
+// the deadline fails the test.
+func (p *proc) waitJSONRecord(what string, match func(map[string]any) bool) []map[string]any {
+	p.t.Helper()
+	var records []map[string]any
+	p.pollUntil(what+" in its log", func(context.Context) error {
 		b, err := os.ReadFile(p.log)
 		if err != nil {
 			p.t.Fatal(err)
 		}
 		// A record still being written has no newline yet.
 		b = b[:bytes.LastIndexByte(b, '\n')+1]
-		var records []map[string]any
+		records = records[:0]
 		found := false
 		for line := range bytes.Lines(b) {
 			var r map[string]any
@@ -131,48 +152,31 @@ func (p *proc) waitJSONRecord(what string, match func(map[string]any) bool) []ma
 			records = append(records, r)
 			found = found || match(r)
 		}
-		if found {
-			return records
+		if !found {
+			return errors.New("not logged yet")
 		}
-		select {
-		case <-p.done:
-			p.t.Fatalf("%s exited before logging %s (%v):\n%s", p.name, what, p.err, p.Log())
-		case <-ctx.Done():
-			p.t.Fatalf("%s: no %s in its log after %v:\n%s", p.name, what, readyTimeout, p.Log())
-		case <-tick.C:
-		}
-	}
+		return nil
+	})
+	return records
 }
 
 // waitHTTP polls url until it answers 200, the process exits or the deadline
 // passes; it fails the test in the last two cases.
 func (p *proc) waitHTTP(url string) {
 	p.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
-	defer cancel()
-	tick := time.NewTicker(pollInterval)
-	defer tick.Stop()
-	var last error
-	for {
+	p.pollUntil(url+" answering 200", func(ctx context.Context) error {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-			err = fmt.Errorf("status %s", resp.Status)
+		if err != nil {
+			return err
 		}
-		last = err
-		select {
-		case <-p.done:
-			p.t.Fatalf("%s exited before %s answered (%v):\n%s", p.name, url, p.err, p.Log())
-		case <-ctx.Done():
-			p.t.Fatalf("%s: %s not ready after %v: %v\n%s", p.name, url, readyTimeout, last, p.Log())
-		case <-tick.C:
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("status %s", resp.Status)
 		}
-	}
+		return nil
+	})
 }
 
 // rls is a running envoy-rls.

@@ -108,8 +108,13 @@ const redactPrefix = 8
 // memory per key and keeps long secrets (tokens, ids in paths) out of the
 // debug output. It is not anonymisation: a value of up to 8 bytes (an IPv4
 // address such as 10.0.0.1) is shown whole.
+//
+// A value longer than rls.DefaultMaxValueBytes is cut even with
+// --debug.top-full-values: the service counts such a value (a client's
+// header, up to what Envoy lets through) by its digest, and /debug/top keeps
+// its memory per key bounded as well.
 func (d *debugTools) appendValue(b []byte, v string) []byte {
-	if d.fullValues {
+	if d.fullValues && len(v) <= rls.DefaultMaxValueBytes {
 		return append(b, v...)
 	}
 	p := v

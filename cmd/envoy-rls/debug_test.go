@@ -394,6 +394,12 @@ func TestAppendValue(t *testing.T) {
 			t.Errorf("full %q = %q", v, f)
 		}
 	}
+	// A value beyond what the service counts by name is cut even when
+	// values are kept whole.
+	long := strings.Repeat("v", rls.DefaultMaxValueBytes+1)
+	if f := string(full.appendValue(nil, long)); f != string(cut.appendValue(nil, long)) {
+		t.Errorf("full %d-byte value kept as %d bytes, want it cut", len(long), len(f))
+	}
 	a, b := cut.appendValue(nil, "192.168.100.1"), cut.appendValue(nil, "192.168.100.2")
 	if string(a) == string(b) {
 		t.Errorf("values with a common prefix collide: %s", a)

@@ -352,6 +352,20 @@ func serveNoop(ctx context.Context, args []string, stderr io.Writer) int {
 	return 0
 }
 
+// noopTLSLine is what serve-noop writes about a load of its TLS files
+// ("" for the first: the "listening on" line says TLS).
+func noopTLSLine(l tlsfiles.Loaded) string {
+	switch {
+	case l.Initial:
+		return ""
+	case l.Restored:
+		return fmt.Sprintf("the TLS files hold the ones in use again: %s", l.Subject)
+	case l.Err != nil:
+		return fmt.Sprintf("the changed TLS files did not load, %s is still served: %v", l.Subject, l.Err)
+	}
+	return fmt.Sprintf("TLS files reloaded: %s, valid until %s", l.Subject, l.NotAfter.UTC().Format(time.RFC3339))
+}
+
 // noopTLS checks serve-noop's --tls.* flags and loads their files; it
 // returns the server's options and its mode ("plain text", "TLS", "mutual
 // TLS") for the log. An error names the flags. Every later load of the
@@ -364,12 +378,8 @@ func noopTLS(f tlsfiles.ServerFiles, stderr io.Writer) ([]bench.NoopOption, stri
 		return nil, "plain text", nil
 	}
 	srv, err := tlsfiles.NewServer(f, func(l tlsfiles.Loaded) {
-		switch {
-		case l.Initial: // the "listening on" line says TLS
-		case l.Err != nil:
-			fmt.Fprintf(stderr, "rls-bench serve-noop: the changed TLS files did not load, %s is still served: %v\n", l.Subject, l.Err)
-		default:
-			fmt.Fprintf(stderr, "rls-bench serve-noop: TLS files reloaded: %s, valid until %s\n", l.Subject, l.NotAfter.UTC().Format(time.RFC3339))
+		if line := noopTLSLine(l); line != "" {
+			fmt.Fprintln(stderr, "rls-bench serve-noop:", line)
 		}
 	})
 	if err != nil {

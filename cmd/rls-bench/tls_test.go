@@ -4,14 +4,17 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/envoy-rls/envoy-rls/cmd/rls-bench/internal/bench"
 	"github.com/envoy-rls/envoy-rls/internal/testenv"
+	"github.com/envoy-rls/envoy-rls/internal/tlsfiles"
 )
 
 // startServeNoop runs `rls-bench serve-noop --addr 127.0.0.1:0 args...` in
@@ -210,5 +213,24 @@ func TestTLSFlagRefusals(t *testing.T) {
 	cfg, err := parseLoad([]string{"--addr", "127.0.0.1:1", "--self-test", "--ceiling-addr", "127.0.0.1:2", "--tls"}, &bytes.Buffer{})
 	if err != nil || cfg.opts.TLS == nil {
 		t.Errorf("--self-test --ceiling-addr with --tls: TLS %v, error %v; want TLS and no error", cfg.opts.TLS, err)
+	}
+}
+
+// TestNoopTLSLine: each kind of load of serve-noop's TLS files has its line;
+// files put back are not reported as a reload.
+func TestNoopTLSLine(t *testing.T) {
+	at := time.Date(2027, 1, 2, 3, 4, 5, 0, time.UTC)
+	for _, c := range []struct {
+		l    tlsfiles.Loaded
+		want string
+	}{
+		{tlsfiles.Loaded{Initial: true, Subject: "CN=a"}, ""},
+		{tlsfiles.Loaded{Subject: "CN=a", NotAfter: at}, "TLS files reloaded: CN=a, valid until 2027-01-02T03:04:05Z"},
+		{tlsfiles.Loaded{Subject: "CN=a", Err: errors.New("bad key")}, "the changed TLS files did not load, CN=a is still served: bad key"},
+		{tlsfiles.Loaded{Restored: true, Subject: "CN=a", NotAfter: at}, "the TLS files hold the ones in use again: CN=a"},
+	} {
+		if got := noopTLSLine(c.l); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.l, got, c.want)
+		}
 	}
 }

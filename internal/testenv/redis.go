@@ -85,7 +85,7 @@ func WithTLS(clientAuth bool) RedisOption {
 // withTLSFiles is WithTLS with the certificates f, which other servers of
 // a setup share.
 func withTLSFiles(f *TLSFiles, clientAuth bool) RedisOption {
-	return func(c *redisConfig) { c.withTLS, c.tls, c.clientAuth = true, f, clientAuth }
+	return func(c *redisConfig) { c.tls, c.clientAuth = f, clientAuth }
 }
 
 // WithReplicaOf starts redis-server as a replica of the server at addr

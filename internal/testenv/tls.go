@@ -16,6 +16,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/envoy-rls/envoy-rls/internal/tlsfiles"
 )
 
 // TLSFiles are the PEM files of a certificate authority made for one test,
@@ -171,19 +173,7 @@ func (f *TLSFiles) RenewClient(t testing.TB) (cert, key string) {
 // ClientConfig is a client's TLS configuration for f's servers: it trusts
 // f.CA alone and presents f.ClientCert.
 func (f *TLSFiles) ClientConfig() (*tls.Config, error) {
-	ca, err := os.ReadFile(f.CA)
-	if err != nil {
-		return nil, err
-	}
-	roots := x509.NewCertPool()
-	if !roots.AppendCertsFromPEM(ca) {
-		return nil, fmt.Errorf("no certificate in %s", f.CA)
-	}
-	cert, err := tls.LoadX509KeyPair(f.ClientCert, f.ClientKey)
-	if err != nil {
-		return nil, err
-	}
-	return &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
+	return tlsfiles.Client(tlsfiles.ClientFiles{CA: f.CA, Cert: f.ClientCert, Key: f.ClientKey})
 }
 
 func writePEM(path, typ string, der []byte) error {

@@ -35,8 +35,9 @@ type Config struct {
 // Warnings returns what loaded but has no effect, sorted by position:
 // what envoyproxy/ratelimit accepts and ignores (a key out of place, a
 // second YAML document, a replaces entry naming no limit, requests_per_unit
-// beside unlimited) or reads oddly (a missing requests_per_unit, which
-// blocks; a key given twice).
+// beside unlimited), reads oddly (a missing requests_per_unit, which
+// blocks; a key given twice) or reads where envoy-rls does not (a subfolder
+// holding YAML files).
 func (c *Config) Warnings() []*Error { return c.warnings }
 
 // domain is one compiled domain.

@@ -536,8 +536,8 @@ func (c *compiler) descriptor(n *yaml.Node, d *domainBuild, lvl *level, prefix s
 		keyNode                   *yaml.Node
 		rl, rls, children, rlsKey *yaml.Node
 		shadow, quota, detailed   bool
-		share                     bool
-		shareKey                  *yaml.Node
+		share                     bool       // share_threshold
+		shareKey                  *yaml.Node // its key, for the error
 	)
 	for _, p := range c.pairs(n) {
 		switch p.key {

@@ -15,7 +15,6 @@ import (
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/rs/zerolog"
 
-	"github.com/envoy-rls/envoy-rls/internal/testenv"
 	"github.com/envoy-rls/envoy-rls/pkg/failsoft"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
 	"github.com/envoy-rls/envoy-rls/pkg/memorybackend"
@@ -193,13 +192,6 @@ func settleGoroutines(t testing.TB, base int) {
 		}
 		time.Sleep(10 * time.Millisecond) // polling interval of a bounded wait, not synchronisation
 	}
-}
-
-// clientCount returns the number of client connections Redis at r reports,
-// without the test's own.
-func clientCount(t testing.TB, r *testenv.Redis) int {
-	t.Helper()
-	return len(r.Clients(t))
 }
 
 // poll calls f every 10ms until it returns true or d passes; it reports

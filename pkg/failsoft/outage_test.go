@@ -335,8 +335,8 @@ func runOutage(t *testing.T, f fault) {
 	if states[len(states)-1] != "closed" {
 		t.Errorf("last breaker state %q, want closed", states[len(states)-1])
 	}
-	if !poll(10*time.Second, func() bool { return clientCount(t, r) <= poolSize }) {
-		t.Errorf("%d client connections on Redis, want at most the pool size %d", clientCount(t, r), poolSize)
+	if !poll(10*time.Second, func() bool { return len(r.Clients(t)) <= poolSize }) {
+		t.Errorf("%d client connections on Redis, want at most the pool size %d", len(r.Clients(t)), poolSize)
 	}
 
 	stopRun()
