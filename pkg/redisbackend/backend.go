@@ -125,6 +125,9 @@ func newBackend(c redis.UniversalClient, opts Options) (*Backend, error) {
 	b.cluster, _ = c.(*redis.ClusterClient)
 	b.scratch.New = func() any { return new(batch) }
 	if senders := opts.senders(); senders > 0 {
+		if err := checkPool(c, senders); err != nil {
+			return nil, fmt.Errorf("redis options: %w", err)
+		}
 		maxBatch := opts.MaxBatch
 		if maxBatch == 0 {
 			maxBatch = DefaultMaxBatch
@@ -132,6 +135,23 @@ func newBackend(c redis.UniversalClient, opts Options) (*Backend, error) {
 		b.co = newCoalescer(b, senders, maxBatch, max(opts.SpareAfter, 0))
 	}
 	return b, nil
+}
+
+// checkPool refuses a single-node or Sentinel client whose pool the senders
+// would fill: each sender slot keeps a connection of it once it has sent,
+// and FUNCTION LOAD, Ping and the heartbeat need one more. The pool's size
+// is the client's own, whatever set it: --redis.pool-size, pool_size in
+// --redis.url, a caller's client (NewFromClient) or go-redis's default. A
+// Cluster's slots take connections from each node's pool per call.
+func checkPool(c redis.UniversalClient, senders int) error {
+	rc, ok := c.(*redis.Client)
+	if !ok {
+		return nil
+	}
+	if p := rc.Options().PoolSize; senders >= p {
+		return fmt.Errorf("--redis.senders %d leaves no connection of the client's pool of %d (--redis.pool-size, or pool_size in --redis.url) for the other calls (function loads, pings, heartbeats): the pool must be larger than the senders", senders, p)
+	}
+	return nil
 }
 
 // Close stops coalescing (the calls in flight end first, or are ended after

@@ -37,8 +37,12 @@ func TestOptionsValidation(t *testing.T) {
 		{"brace prefix", Options{URL: "redis://x:1", KeyPrefix: "a{b}:"}, []string{"--redis.key-prefix"}},
 		{"negative pool", Options{URL: "redis://x:1", PoolSize: -1}, []string{"--redis.pool-size -1 is negative"}},
 		{"negative batch", Options{URL: "redis://x:1", MaxBatch: -1}, []string{"--redis.max-batch -1 is negative"}},
-		{"senders over pool", Options{URL: "redis://x:1", PoolSize: 2, Senders: 3}, []string{"--redis.senders 3 leaves no connection of --redis.pool-size 2"}},
-		{"senders fill pool", Options{URL: "redis://x:1", PoolSize: 2, Senders: 2}, []string{"--redis.senders 2 leaves no connection of --redis.pool-size 2"}},
+		{"senders over pool", Options{URL: "redis://x:1", PoolSize: 2, Senders: 3}, []string{"--redis.senders 3 leaves no connection of the client's pool of 2"}},
+		{"senders fill pool", Options{URL: "redis://x:1", PoolSize: 2, Senders: 2}, []string{"--redis.senders 2 leaves no connection of the client's pool of 2"}},
+		{"pool_size in the url", Options{URL: "redis://x:1?pool_size=2"}, []string{fmt.Sprintf("--redis.senders %d leaves no connection of the client's pool of 2", DefaultSenders), "pool_size in --redis.url"}},
+		{"pool_size in the url over senders", Options{URL: "redis://x:1?pool_size=3"}, nil},
+		{"flag over pool_size in the url", Options{URL: "redis://x:1?pool_size=2", PoolSize: 3}, nil},
+		{"sentinel pool", Options{SentinelAddrs: []string{"a:1"}, SentinelMaster: "m", PoolSize: 2}, []string{"leaves no connection of the client's pool of 2"}},
 		{"default senders fill pool", Options{URL: "redis://x:1", PoolSize: DefaultSenders}, []string{fmt.Sprintf("--redis.senders %d leaves no connection", DefaultSenders)}},
 		{"senders below pool", Options{URL: "redis://x:1", PoolSize: 3, Senders: 2}, nil},
 		{"senders off", Options{URL: "redis://x:1", PoolSize: 2, Senders: -1}, nil},
@@ -284,6 +288,12 @@ func TestNewFromClient(t *testing.T) {
 	}
 	if _, err := NewFromClient(r.Client(), Options{KeyPrefix: "{x}:"}); err == nil {
 		t.Error("NewFromClient with a braced prefix succeeded")
+	}
+	// A caller's client whose pool the sender slots would fill.
+	small := redis.NewClient(&redis.Options{Addr: r.Addr, PoolSize: DefaultSenders})
+	defer small.Close()
+	if _, err := NewFromClient(small, Options{}); err == nil || !strings.Contains(err.Error(), "leaves no connection of the client's pool") {
+		t.Errorf("NewFromClient with a pool of %d = %v, want the pool refused", DefaultSenders, err)
 	}
 	b, err := NewFromClient(r.Client(), Options{KeyPrefix: "own:", Timeout: testTimeout})
 	if err != nil {

@@ -151,11 +151,9 @@ func (o *Options) validate() (topology, error) {
 	if o.MaxBatch < 0 {
 		errs = append(errs, fmt.Errorf("--redis.max-batch %d is negative", o.MaxBatch))
 	}
-	// Each sender slot keeps a connection of the pool once it has sent;
-	// FUNCTION LOAD, Ping and the heartbeat need one more.
-	if n := o.senders(); topo != topoCluster && o.PoolSize > 0 && n >= o.PoolSize {
-		errs = append(errs, fmt.Errorf("--redis.senders %d leaves no connection of --redis.pool-size %d for the other calls (function loads, pings, heartbeats): the pool must be larger than the senders", n, o.PoolSize))
-	}
+	// The pool's size is checked against the senders once the client is
+	// built (checkPool): pool_size in --redis.url and go-redis's default
+	// count too.
 	return topo, errors.Join(errs...)
 }
 
