@@ -433,6 +433,14 @@ func (s *Service) plan(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, sc 
 					// Without a burst: a token bucket's burst is its
 					// capacity, which would hold the two hits.
 					q.Limit.Requests, q.Limit.Burst, q.Hits = 1, 0, 2
+					// The same during an outage: a blocked limit denies
+					// whatever its failure mode, so it vetoes the fallback's
+					// batch as a deny-mode one does. As allow, its stand-in
+					// would be admitted, and the fallback limits of the
+					// request would consume for an OVER_LIMIT answer.
+					if q.FailureMode == limiter.FailAllow {
+						q.FailureMode = limiter.FailDeny
+					}
 				}
 				sc.reqs = append(sc.reqs, q)
 				sc.meta = append(sc.meta, reqMeta{

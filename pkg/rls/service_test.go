@@ -25,8 +25,10 @@ import (
 	"github.com/envoy-rls/envoy-rls/internal/logevery"
 	"github.com/envoy-rls/envoy-rls/pkg/algorithm"
 	"github.com/envoy-rls/envoy-rls/pkg/descriptors"
+	"github.com/envoy-rls/envoy-rls/pkg/failsoft"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter/limitertest"
+	"github.com/envoy-rls/envoy-rls/pkg/memorybackend"
 )
 
 // testYAML is the descriptor configuration most tests use. Most limits are
@@ -1188,6 +1190,55 @@ descriptors:
 			}
 			if resp := e.must(request("b", desc("user", "u"))); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
 				t.Errorf("per_user admitted a third request: %v", resp)
+			}
+		})
+	}
+}
+
+// TestBlockedLimitDuringOutage: while the store is down, a blocked limit
+// whose failure mode is allow still denies, and the fallback-mode limits of
+// the same request consume nothing for that denial (a review's finding:
+// the allowed stand-in let the fallback batch commit).
+func TestBlockedLimitDuringOutage(t *testing.T) {
+	fallback := memorybackend.New(memorybackend.Options{SweepInterval: -1})
+	t.Cleanup(func() { fallback.Close() })
+	lim, err := failsoft.New(failsoft.Options{
+		Primary:  failing{fmt.Errorf("redis: %w", limiter.ErrUnavailable)},
+		Fallback: fallback,
+		Breaker:  failsoft.BreakerOptions{ConsecutiveFailures: 1},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []string{"allow", "deny", "fallback"} {
+		t.Run(mode, func(t *testing.T) {
+			e := newEnv(t, map[string]string{"b.yaml": `
+domain: b
+descriptors:
+  - key: ip
+    value: 50.0.0.5
+    rate_limit: {unit: minute, requests_per_unit: 0, failure_mode: ` + mode + `}
+  - key: ip
+    rate_limit: {name: per_ip, unit: minute, requests_per_unit: 1000, failure_mode: allow}
+  - key: user
+    rate_limit: {name: per_user, unit: minute, requests_per_unit: 2, failure_mode: fallback}
+`}, Options{Limiter: lim})
+			user := "u-" + mode // a fallback counter of its own
+			for i := range 3 {
+				resp := e.must(request("b", desc("ip", "50.0.0.5"), desc("user", user)))
+				if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT {
+					t.Fatalf("blocked request %d: %v", i, resp)
+				}
+			}
+			// The blocked requests consumed nothing from per_user's
+			// fallback counter: 2 remain.
+			for i := range 2 {
+				if resp := e.must(request("b", desc("ip", "50.0.0.6"), desc("user", user))); resp.OverallCode != rlsv3.RateLimitResponse_OK {
+					t.Fatalf("unblocked request %d: %v", i, resp)
+				}
+			}
+			if resp := e.must(request("b", desc("user", user))); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+				t.Errorf("per_user's fallback admitted a third request: %v", resp)
 			}
 		})
 	}
