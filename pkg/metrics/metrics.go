@@ -264,6 +264,7 @@ func (m *Metrics) DenyCache(stats func() DenyCacheStats) error {
 // RedisCallStats are the Redis backend's counters at one instant.
 type RedisCallStats struct {
 	Checks, Calls, SpareCalls uint64
+	RefundErrors              uint64
 }
 
 // RedisCalls exports the Redis backend's counters of checks and script
@@ -282,6 +283,10 @@ func (m *Metrics) RedisCalls(stats func() RedisCallStats) error {
 			Name: "envoy_rls_redis_spare_calls_total",
 			Help: "Coalesced calls started while another was in flight. With --redis.spare-after, only once every call in flight had taken that long: a sign of slow or stalled Redis calls; at 0, every call that overlapped another.",
 		}, func() float64 { return float64(stats().SpareCalls) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "envoy_rls_redis_refund_errors_total",
+			Help: "Cluster refunds that failed: a request one hash slot denied (or that failed on one) keeps the hits another slot counted until its window ends. Never an over-admission.",
+		}, func() float64 { return float64(stats().RefundErrors) }),
 	)
 }
 

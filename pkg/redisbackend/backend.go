@@ -43,6 +43,12 @@ type Backend struct {
 	loads   atomic.Uint64
 
 	refundErrors atomic.Uint64
+	// bg counts the refunds in flight (refundAll), which Close waits for;
+	// closing, under bgMu, is set once Close has begun, after which
+	// refunds run in their caller.
+	bg      sync.WaitGroup
+	bgMu    sync.Mutex
+	closing bool
 	// calls counts check script calls sent, checks the Checks they
 	// decided (see CallStats).
 	calls, checks atomic.Uint64
@@ -155,25 +161,28 @@ func checkPool(c redis.UniversalClient, senders int) error {
 }
 
 // Close stops coalescing (the calls in flight end first, or are ended after
+// Options.Timeout), waits for the Cluster refunds in flight (each bounded by
 // Options.Timeout) and closes the client if New created it.
 // Calls after Close fail with limiter.ErrUnavailable (with NewFromClient,
 // coalesced calls do; the others go on while the caller's client is open).
 func (b *Backend) Close() error {
-	if b.co == nil {
-		if b.owned {
-			return b.client.Close()
+	stopped := true
+	if b.co != nil {
+		// Let the calls in flight end and their slots close their
+		// connections (closing the client under a slot's connection makes
+		// go-redis log), for as long as a call may take; then close the
+		// client, which also ends a call without a deadline. With a
+		// caller's client, wait for them.
+		grace := max(b.timeout, 0)
+		if !b.owned {
+			grace = -1
 		}
-		return nil
+		stopped = b.co.close(grace)
 	}
-	// Let the calls in flight end and their slots close their connections
-	// (closing the client under a slot's connection makes go-redis log),
-	// for as long as a call may take; then close the client, which also
-	// ends a call without a deadline. With a caller's client, wait for them.
-	grace := max(b.timeout, 0)
-	if !b.owned {
-		grace = -1
-	}
-	stopped := b.co.close(grace)
+	b.bgMu.Lock()
+	b.closing = true
+	b.bgMu.Unlock()
+	b.bg.Wait()
 	var err error
 	if b.owned {
 		err = b.client.Close()
@@ -228,12 +237,14 @@ type CallStats struct {
 	// SpareCalls is the number of coalesced calls a spare slot started
 	// while another slot's call was in flight (see Options.SpareAfter).
 	SpareCalls uint64
+	// RefundErrors is RefundErrors().
+	RefundErrors uint64
 }
 
 // CallStats returns the counters of checks and calls. Checks/Calls is the
 // average number of Checks a coalesced call carried.
 func (b *Backend) CallStats() CallStats {
-	st := CallStats{Checks: b.checks.Load(), Calls: b.calls.Load()}
+	st := CallStats{Checks: b.checks.Load(), Calls: b.calls.Load(), RefundErrors: b.refundErrors.Load()}
 	if b.co != nil {
 		st.SpareCalls = b.co.spares.Load()
 	}

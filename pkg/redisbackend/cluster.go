@@ -32,7 +32,7 @@ type slotCall struct {
 // would have admitted them (under-admission, for about one round trip). No
 // Check is ever admitted beyond the limit. When a slot fails (network error,
 // timeout) the batch is an error and the slots that consumed are refunded
-// too; a failed slot whose script did run before its reply was lost stays
+// too, on a context of their own (see settle); a failed slot whose script did run before its reply was lost stays
 // counted, again an over-count, never an over-admission. Neither script is
 // ever resent by go-redis after a network error (see noRetry): a check run
 // twice would over-count, and a refund run twice would over-admit. Failed
@@ -55,36 +55,23 @@ func (b *Backend) checkCluster(ctx context.Context, reqs []limiter.Request, resu
 }
 
 // settle ends a Cluster batch of several slot calls that have run: when one
-// failed or vetoed, the slots that consumed are refunded (in parallel,
-// goroutines joined before it returns) and report the figures without
-// consumption. It returns the calls' errors.
+// failed or vetoed, the slots that consumed are refunded (refundAll) and
+// report the figures without consumption. It waits for the refunds until
+// ctx ends, not longer: a refund runs on a context of its own, so that the
+// refund of a Check that ran out of time (one slot timed out) is not lost
+// with it, and goes on after its caller has been answered. It returns the
+// calls' errors.
 func (b *Backend) settle(ctx context.Context, reqs []limiter.Request, calls []*slotCall, results []limiter.Result) error {
-	var wg sync.WaitGroup
-	var errs []error
-	veto := false
-	for _, c := range calls {
-		if c.err != nil {
-			errs = append(errs, c.err)
-		} else if !c.committed {
-			veto = true
-		}
-	}
-	if len(errs) == 0 && !veto {
+	errs, orders, settled := b.refundOrders(reqs, calls, results)
+	if settled {
 		return nil
 	}
-	// Some slot did not consume (it vetoed, or failed): give back what the
-	// others consumed.
-	for _, c := range calls {
-		if c.err != nil || !c.committed {
-			continue
+	if len(orders) > 0 {
+		select {
+		case <-b.refundAll(orders):
+		case <-ctx.Done():
 		}
-		wg.Go(func() {
-			if err := b.refund(ctx, reqs, c, results); err != nil {
-				b.refundErrors.Add(1)
-			}
-		})
 	}
-	wg.Wait()
 	for _, c := range calls {
 		if c.err != nil || !c.committed {
 			continue
@@ -95,6 +82,88 @@ func (b *Backend) settle(ctx context.Context, reqs []limiter.Request, calls []*s
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// settleAbandoned settles the Cluster Check of reqs whose caller stopped
+// waiting while its slot calls were in flight: it decodes their replies
+// and refunds the slots that consumed if another failed or vetoed, as
+// settle does for a caller, without anyone waiting for it.
+func (b *Backend) settleAbandoned(reqs []limiter.Request, calls []*slotCall) {
+	results := make([]limiter.Result, len(reqs))
+	for _, c := range calls {
+		if c.err == nil {
+			c.now, c.committed, c.err = decodeReply(c.reply, c.idx, results, c.alt)
+		}
+	}
+	if _, orders, _ := b.refundOrders(reqs, calls, results); len(orders) > 0 {
+		b.refundAll(orders)
+	}
+}
+
+// refundOrders returns the errors of the slot calls of a Cluster batch and,
+// when one failed or vetoed, the refunds of the slots that consumed (none
+// for a slot whose admitted requests had no hits); settled reports that
+// every call committed, which needs nothing more.
+func (b *Backend) refundOrders(reqs []limiter.Request, calls []*slotCall, results []limiter.Result) (errs []error, orders []refundOrder, settled bool) {
+	veto := false
+	for _, c := range calls {
+		if c.err != nil {
+			errs = append(errs, c.err)
+		} else if !c.committed {
+			veto = true
+		}
+	}
+	if len(errs) == 0 && !veto {
+		return nil, nil, true
+	}
+	for _, c := range calls {
+		if c.err != nil || !c.committed {
+			continue
+		}
+		if o := b.refundOrder(reqs, c, results); len(o.keys) > 0 {
+			orders = append(orders, o)
+		}
+	}
+	return errs, orders, false
+}
+
+// refundAll runs the refunds of orders, in parallel, in goroutines the
+// Backend owns (Close waits for them), on a context bounded by the timeout
+// alone (see settle). It returns a channel closed once they have all ended.
+// Once Close has begun, it runs them before it returns.
+func (b *Backend) refundAll(orders []refundOrder) <-chan struct{} {
+	done := make(chan struct{})
+	run := func() {
+		defer close(done)
+		ctx := context.Background()
+		if b.timeout > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, b.timeout)
+			defer cancel()
+		}
+		var wg sync.WaitGroup
+		for i := range orders {
+			wg.Go(func() {
+				if err := b.refund(ctx, &orders[i]); err != nil {
+					b.refundErrors.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	b.bgMu.Lock()
+	if b.closing {
+		b.bgMu.Unlock()
+		run()
+		return done
+	}
+	b.bg.Add(1)
+	b.bgMu.Unlock()
+	go func() {
+		defer b.bg.Done()
+		run()
+	}()
+	return done
 }
 
 // groupBySlot returns the requests of each hash slot, slots in order of
@@ -138,19 +207,26 @@ func (b *Backend) appendSlotCalls(calls []*slotCall, buf *[]slotCall, reqs []lim
 	return calls
 }
 
-// refund gives back the hits consumed by the slot call c: those of every
-// admitted request with hits > 0. refund.lua is never resent by go-redis
-// (sendScript): a refund that ran twice would take back twice the hits and
-// let later Checks past the limit.
-func (b *Backend) refund(ctx context.Context, reqs []limiter.Request, c *slotCall, results []limiter.Result) error {
-	var keys, specs []string
+// refundOrder is the refund of one slot call of a Cluster batch: what its
+// admitted requests consumed, in refund.lua's arguments, owned by the order
+// so that it outlives the batch's requests and results.
+type refundOrder struct {
+	now   string // check.lua's clock for the slot (ARGV[1])
+	keys  []string
+	specs []string
+}
+
+// refundOrder returns the refund of the hits consumed by the slot call c:
+// those of every admitted request with hits > 0.
+func (b *Backend) refundOrder(reqs []limiter.Request, c *slotCall, results []limiter.Result) refundOrder {
+	o := refundOrder{now: strconv.FormatInt(c.now, 10)}
 	var sb strings.Builder
 	for _, i := range c.idx {
 		r := &reqs[i]
 		if !results[i].Allowed || r.Hits == 0 {
 			continue
 		}
-		keys = append(keys, string(appendBaseKey(nil, b.prefix, r)))
+		o.keys = append(o.keys, string(appendBaseKey(nil, b.prefix, r)))
 		sb.Reset()
 		sb.WriteString(strconv.Itoa(int(r.Limit.Algorithm)))
 		sb.WriteByte(' ')
@@ -159,18 +235,21 @@ func (b *Backend) refund(ctx context.Context, reqs []limiter.Request, c *slotCal
 		sb.WriteString(strconv.FormatUint(r.Limit.Requests, 10))
 		sb.WriteByte(' ')
 		sb.WriteString(strconv.FormatUint(r.Hits, 10))
-		specs = append(specs, sb.String())
+		o.specs = append(o.specs, sb.String())
 	}
-	if len(keys) == 0 {
-		return nil
-	}
+	return o
+}
+
+// refund runs the refund o. refund.lua is never resent by go-redis
+// (sendScript): a refund that ran twice would take back twice the hits and
+// let later Checks past the limit.
+func (b *Backend) refund(ctx context.Context, o *refundOrder) error {
 	bt := b.scratch.Get().(*batch)
 	defer b.scratch.Put(bt)
 	defer clear(bt.cmd)
-	now := strconv.FormatInt(c.now, 10) // ARGV[1]
-	cmd := b.sendScript(ctx, bt, "evalsha", b.scripts.refund.Hash(), keys, specs, now)
+	cmd := b.sendScript(ctx, bt, "evalsha", b.scripts.refund.Hash(), o.keys, o.specs, o.now)
 	if isNoScript(cmd.Err()) {
-		cmd = b.sendScript(ctx, bt, "eval", b.scripts.refundSrc, keys, specs, now)
+		cmd = b.sendScript(ctx, bt, "eval", b.scripts.refundSrc, o.keys, o.specs, o.now)
 	}
 	if err := cmd.Err(); err != nil {
 		return unavailable(ctx, "refund script", err)

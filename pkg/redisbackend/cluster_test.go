@@ -2,6 +2,7 @@ package redisbackend
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"testing"
@@ -209,5 +210,98 @@ func TestClusterChecksOfChangingShapes(t *testing.T) {
 		if got, want := used(t, b, req(i)), int64(counted[ks[i]]); got != want {
 			t.Errorf("key %d: %d hits counted, want %d", i, got, want)
 		}
+	}
+}
+
+// TestClusterRefundAfterTimeout: when one master does not answer before the
+// Check's deadline, the slot that consumed on another master is refunded
+// all the same: the refund runs on a context of its own, after the caller
+// has been answered, and Close waits for it. Before, it ran on the Check's
+// expired context and failed, and the counter kept the hits of a Check that
+// was not admitted.
+func TestClusterRefundAfterTimeout(t *testing.T) {
+	c := testenv.RedisCluster(t)
+	for _, senders := range []int{0, -1} { // coalesced (pipelined), and not
+		t.Run(fmt.Sprintf("senders=%d", senders), func(t *testing.T) {
+			b := newClusteredSenders(t, c, DefaultKeyPrefix, nil, senders)
+			l := limiter.Limit{Requests: 10, Window: time.Hour}
+			ks := keysOnDistinctMasters(t, c, l, 2)
+			reqs := []limiter.Request{{Key: ks[0], Limit: l, Hits: 1}, {Key: ks[1], Limit: l, Hits: 1}}
+			if err := b.Check(context.Background(), reqs, make([]limiter.Result, 2)); err != nil { // load the scripts, open the connections
+				t.Fatal(err)
+			}
+			stopped := c.MasterForKey(baseKey(DefaultKeyPrefix, reqs[1]))
+			stopped.Pause()
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			err := b.Check(ctx, reqs, make([]limiter.Result, 2))
+			cancel()
+			stopped.Resume()
+			if !errors.Is(err, limiter.ErrUnavailable) {
+				t.Fatalf("Check with a stopped master = %v, want ErrUnavailable", err)
+			}
+			if err := b.Close(); err != nil { // waits for the refund
+				t.Fatal(err)
+			}
+			if n := b.RefundErrors(); n != 0 {
+				t.Errorf("%d refunds failed, want 0", n)
+			}
+			probe := newClusteredSenders(t, c, DefaultKeyPrefix, nil, -1)
+			if got := used(t, probe, reqs[0]); got != 1 {
+				t.Errorf("the first master's counter keeps %d hits, want 1 (the warm-up's; the failed Check's refunded)", got)
+			}
+		})
+	}
+}
+
+// TestClusterAbandonedCheckIsSettled: a caller that stops waiting while its
+// Cluster Check is in a coalesced call leaves it to the call's leader,
+// which refunds the slot that consumed when another vetoed, as the caller
+// would have. Before, nobody settled an abandoned Check, and its admitted
+// slots kept their hits.
+func TestClusterAbandonedCheckIsSettled(t *testing.T) {
+	c := testenv.RedisCluster(t)
+	b := newClusteredSenders(t, c, DefaultKeyPrefix, nil, 1)
+	roomy := limiter.Limit{Requests: 10, Window: time.Hour}
+	one := limiter.Limit{Requests: 1, Window: time.Hour}
+	ks := keysOnDistinctMasters(t, c, roomy, 2)
+	full := limiter.Request{Key: ks[1], Limit: one, Hits: 1}
+	if err := b.Check(context.Background(), []limiter.Request{full}, make([]limiter.Result, 1)); err != nil {
+		t.Fatal(err)
+	}
+	reqs := []limiter.Request{{Key: ks[0], Limit: roomy, Hits: 1}, full}
+
+	// The job of a Check whose caller gave up once a leader had taken it
+	// into a call, led by another caller.
+	co := b.co
+	j := co.pool.Get().(*job)
+	j.encode(b, reqs)
+	j.ctx = context.Background()
+	j.state.Store(jobPending)
+	if len(j.calls) != 2 {
+		t.Fatalf("the Check has %d slot calls, want 2", len(j.calls))
+	}
+	if !j.abandon(reqs) {
+		t.Fatal("abandon of a pending job = false")
+	}
+	co.mu.Lock()
+	bt := co.takeIdle(co.clock())
+	if bt == nil {
+		co.mu.Unlock()
+		t.Fatal("no idle slot")
+	}
+	co.lead(bt, j) // returns without co.mu
+
+	if err := b.Close(); err != nil { // waits for the refund
+		t.Fatal(err)
+	}
+	if n := b.RefundErrors(); n != 0 {
+		t.Errorf("%d refunds failed, want 0", n)
+	}
+	probe := newClusteredSenders(t, c, DefaultKeyPrefix, nil, -1)
+	if got := used(t, probe, reqs[0]); got != 0 {
+		t.Errorf("the admitted slot keeps %d hits of the vetoed, abandoned Check, want 0", got)
+	}
+	if got := used(t, probe, full); got != 1 {
+		t.Errorf("the vetoing counter has %d hits, want 1", got)
 	}
 }

@@ -78,7 +78,9 @@ import (
 // A caller whose context ends while its group is queued takes it back
 // (nothing is sent); while its group is in a call, it stops waiting and
 // reports limiter.ErrUnavailable, and its group may still be decided (and
-// counted) by that call, as with a reply lost on the network. A group whose
+// counted) by that call, as with a reply lost on the network; on a Cluster
+// the leader then settles it as its caller would have (settleAbandoned:
+// when one of its slots vetoed or failed, the others are refunded). A group whose
 // deadline has passed before its call is built is not sent. A caller lent a
 // slot after its context ended or its deadline passed passes the slot on
 // instead of leading. A leader waits for its own call even when its context
@@ -126,7 +128,11 @@ type job struct {
 	slotCalls []slotCall // on a Cluster, the calls' structs, kept for the next Check
 	ctx       context.Context
 	deadline  time.Time // zero: none
-	state     atomic.Int32
+	// kept is a copy of the Check's requests, made by a caller that stops
+	// waiting while its Cluster Check of several slot calls is in a call,
+	// for the leader to settle it (settleAbandoned).
+	kept  []limiter.Request
+	state atomic.Int32
 	// done receives once per delivered result, and once when the job's
 	// caller is lent a slot to lead the next call.
 	done chan struct{}
@@ -266,7 +272,7 @@ func (c *coalescer) check(ctx context.Context, deadline time.Time, reqs []limite
 		select {
 		case <-j.done:
 		case <-ctx.Done():
-			if c.withdraw(j) || j.state.CompareAndSwap(jobPending, jobAbandoned) {
+			if c.withdraw(j) || j.abandon(reqs) {
 				return unavailable(ctx, "check script", ctx.Err())
 			}
 			<-j.done // delivered meanwhile
@@ -288,6 +294,18 @@ func (c *coalescer) check(ctx context.Context, deadline time.Time, reqs []limite
 		return callFailed(ctx, deadline, err)
 	}
 	return c.b.finish(ctx, deadline, reqs, j.calls, results)
+}
+
+// abandon hands j to the leader of the call that carries it, for its
+// caller, whose context has ended, to return at once; it reports whether
+// it did (false: j was delivered meanwhile). A Cluster Check of several
+// slot calls leaves a copy of its requests, so that the leader can refund
+// what its slots consumed if one of them failed or vetoed.
+func (j *job) abandon(reqs []limiter.Request) bool {
+	if len(j.calls) > 1 {
+		j.kept = append(j.kept[:0], reqs...)
+	}
+	return j.state.CompareAndSwap(jobPending, jobAbandoned)
 }
 
 // callFailed wraps err, the failure of a Check's coalesced call, in
@@ -358,7 +376,8 @@ func (b *Backend) finish(ctx context.Context, deadline time.Time, reqs []limiter
 	if len(calls) == 1 {
 		err = calls[0].err
 	} else {
-		// Refunds, if any, are bounded like the Check, as in checkCluster.
+		// The caller waits for the refunds, if any, until its deadline, as
+		// in checkCluster; they run on to their own bound (settle).
 		rctx, cancel := boundBy(ctx, deadline)
 		err = b.settle(rctx, reqs, calls, results)
 		cancel()
@@ -616,17 +635,22 @@ func (c *coalescer) put(j *job) {
 		j.slotCalls[i].err, j.slotCalls[i].reply = nil, ""
 	}
 	j.one = slotCall{}
-	j.ctx, j.err, j.deadline = nil, nil, time.Time{}
+	clear(j.kept)
+	j.ctx, j.err, j.deadline, j.kept = nil, nil, time.Time{}, j.kept[:0]
 	c.pool.Put(j)
 }
 
-// deliver hands j's result to its caller, or releases j if the caller gave
-// up.
+// deliver hands j's result to its caller, or, if the caller gave up,
+// settles a Cluster Check of several slot calls that were sent (its
+// refunds, if any, run in the Backend's goroutines) and releases j.
 func (c *coalescer) deliver(j *job, err error) {
 	j.err = err
 	if j.state.CompareAndSwap(jobPending, jobDone) {
 		j.done <- struct{}{}
 		return
+	}
+	if err == nil && len(j.calls) > 1 {
+		c.b.settleAbandoned(j.kept, j.calls)
 	}
 	c.put(j)
 }

@@ -167,3 +167,13 @@ func admitSlotCall(t *testing.T, b *Backend, reqs []limiter.Request) (*slotCall,
 	}
 	return x, results
 }
+
+// refundSlot runs the refund of slot call c of the batch reqs, as settle
+// does, in the caller's goroutine and on its context.
+func (b *Backend) refundSlot(ctx context.Context, reqs []limiter.Request, c *slotCall, results []limiter.Result) error {
+	o := b.refundOrder(reqs, c, results)
+	if len(o.keys) == 0 {
+		return nil
+	}
+	return b.refund(ctx, &o)
+}

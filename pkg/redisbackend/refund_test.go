@@ -43,7 +43,7 @@ func TestTokenBucketRefundAfterRefill(t *testing.T) {
 			if err := b.Check(ctx, y, make([]limiter.Result, 1)); err != nil {
 				t.Fatalf("Y: %v", err)
 			}
-			if err := b.refund(ctx, reqs, x, results); err != nil {
+			if err := b.refundSlot(ctx, reqs, x, results); err != nil {
 				t.Fatalf("refund: %v", err)
 			}
 			if got := used(t, b, y[0]); got != int64(c.want) {

@@ -254,7 +254,7 @@ func TestSlidingLogRefundAmongLaterBatches(t *testing.T) {
 					t.Fatalf("Y: %v", err)
 				}
 			}
-			if err := b.refund(ctx, reqs, x, results); err != nil {
+			if err := b.refundSlot(ctx, reqs, x, results); err != nil {
 				t.Fatalf("refund: %v", err)
 			}
 			_, hits := readLog(t, r.Client(), prefix, reqs[0])
@@ -327,7 +327,7 @@ func TestSlidingLogRefundEdges(t *testing.T) {
 			if c.after != nil {
 				c.after(t, e)
 			}
-			if err := e.b.refund(ctx, reqs, x, results); err != nil {
+			if err := e.b.refundSlot(ctx, reqs, x, results); err != nil {
 				t.Fatalf("refund: %v", err)
 			}
 			rc := r.Client()

@@ -355,7 +355,7 @@ func TestLostRefundNotResent(t *testing.T) {
 	}
 	c.idx = []int{0}
 	p.armLoss()
-	err := b.refund(ctx, reqs, &c, results)
+	err := b.refundSlot(ctx, reqs, &c, results)
 	<-p.lost
 	if !errors.Is(err, limiter.ErrUnavailable) {
 		t.Errorf("refund whose reply was lost = %v, want ErrUnavailable (not resent)", err)
