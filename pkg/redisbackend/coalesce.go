@@ -72,7 +72,9 @@ import (
 // Deadlines: a Check's deadline is the soonest of its context's,
 // Options.Timeout from its start and the one CheckBy was given, and a call is
 // bounded by the earliest deadline of its groups, so that nobody waits past
-// their own; no context is derived per Check. A Check still queued at its
+// their own, and carries only groups whose deadlines are within
+// deadlineSlack of its leader's (sameClass), so that nobody is failed by a
+// much shorter deadline than their own; no context is derived per Check. A Check still queued at its
 // deadline is answered then by a timer of the coalescer's (expireQueued),
 // armed for the earliest deadline in the queue, and nothing of it is sent.
 // A caller whose context ends while its group is queued takes it back
@@ -443,16 +445,32 @@ func (c *coalescer) lead(bt *batch, first *job) {
 	}
 	jobs := append(bt.jobs[:0], first)
 	n := first.nkeys()
-	for _, q := range c.queue {
+	kept := 0 // the queued jobs left for a later call, moved to the front
+	for i, q := range c.queue {
 		k := q.nkeys()
 		if n+k > c.maxBatch {
+			kept += copy(c.queue[kept:], c.queue[i:])
 			break
+		}
+		if !sameClass(first.deadline, q.deadline) {
+			c.queue[kept] = q
+			kept++
+			continue
 		}
 		q.queued = false
 		jobs = append(jobs, q)
 		n += k
 	}
-	c.dequeue(len(jobs) - 1)
+	clear(c.queue[kept:])
+	c.queue = c.queue[:kept]
+	if kept > 0 {
+		// Jobs of another deadline class were left queued: an idle
+		// slot, if one may start a call, goes to the oldest of them.
+		now := c.clock()
+		if idle := c.takeIdle(now); idle != nil {
+			c.lendHead(idle, now)
+		}
+	}
 	c.mu.Unlock()
 	bt.jobs = jobs
 	c.send(bt, jobs)
@@ -461,6 +479,26 @@ func (c *coalescer) lead(bt *batch, first *job) {
 	c.mu.Lock()
 	c.pass(bt, now)
 	c.mu.Unlock()
+}
+
+// deadlineSlack is how far apart the deadlines of the Checks of one
+// coalesced call may be (see sameClass).
+const deadlineSlack = time.Millisecond
+
+// sameClass reports whether Checks with deadlines a and b (zero: none) may
+// share a call: both have none, or they are at most deadlineSlack apart. A
+// call is bounded by the earliest deadline of its Checks, so that nobody
+// waits past their own; it would otherwise fail every Check with time left
+// whenever it overran the deadline of one with little (a gateway with a
+// short timeout, a caller near its own). This way a Check loses at most
+// twice the slack of its time to its call-mates (the leader's deadline is
+// the reference), and a Check of another class waits for a call of its own.
+func sameClass(a, b time.Time) bool {
+	if a.IsZero() || b.IsZero() {
+		return a.IsZero() == b.IsZero()
+	}
+	d := a.Sub(b)
+	return d <= deadlineSlack && d >= -deadlineSlack
 }
 
 // pass lends slot bt, out of the idle ones, to the oldest queued job, whose

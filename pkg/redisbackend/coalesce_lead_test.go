@@ -372,3 +372,127 @@ func TestSpareTimerRearmedAfterLending(t *testing.T) {
 		t.Fatalf("afterwards: %d queued, %d slots idle; want 0 and 3", n, idle)
 	}
 }
+
+// TestCoalescedDeadlineClasses: a call carries only Checks whose deadlines
+// are within deadlineSlack of its leader's, so that a Check with time left
+// is not failed by a call-mate's short deadline. Redis is stopped while a
+// leader with 300 ms left sends its call: the queued Check whose deadline
+// is as near shares the call and its failure; the one with the test's
+// whole timeout is left queued, is lent the slot when the call ends, and
+// is decided by a call of its own once Redis answers. Before, it was
+// carried, and failed, by the short call.
+func TestCoalescedDeadlineClasses(t *testing.T) {
+	r := testenv.RedisServer(t)
+	b := newOneSlot(t, r)
+	c := b.co
+	req := []limiter.Request{{Key: key(t.Name()), Limit: limiter.Limit{Requests: 100, Window: time.Hour}, Hits: 1}}
+	if err := b.Check(context.Background(), req, make([]limiter.Result, 1)); err != nil { // load the library
+		t.Fatal(err)
+	}
+	newJob := func(deadline time.Time) *job {
+		j := c.pool.Get().(*job)
+		j.encode(b, req)
+		j.ctx, j.deadline = context.Background(), deadline
+		j.state.Store(jobPending)
+		return j
+	}
+	now := time.Now()
+	short := newJob(now.Add(300 * time.Millisecond))
+	near := newJob(short.deadline.Add(deadlineSlack / 2))
+	long := newJob(now.Add(testTimeout))
+	c.mu.Lock()
+	for _, q := range []*job{long, near} {
+		q.queued = true
+		c.queue = append(c.queue, q)
+	}
+	bt := c.takeIdle(c.clock())
+	if bt == nil {
+		c.mu.Unlock()
+		t.Fatal("no idle slot")
+	}
+	r.Pause()
+	t.Cleanup(r.Resume) // a no-op once resumed
+	c.lead(bt, short)   // returns without c.mu, once the call has failed
+	r.Resume()
+
+	<-short.done
+	<-near.done
+	for name, j := range map[string]*job{"the leader": short, "the Check of its class": near} {
+		if j.err != nil || j.calls[0].err == nil {
+			t.Errorf("%s: job error %v, call error %v; want the call's failure", name, j.err, j.calls[0].err)
+		}
+	}
+	select {
+	case <-long.done:
+	default:
+		t.Fatal("the Check with time left was neither answered nor lent the slot")
+	}
+	c.mu.Lock()
+	lead := long.lead
+	long.lead = nil
+	c.mu.Unlock()
+	if lead == nil {
+		t.Fatalf("the Check with time left was carried by the short call (error %v), want it left queued", long.calls[0].err)
+	}
+	if err := c.takeLead(lead, long); err != nil {
+		t.Fatalf("the Check with time left could not lead: %v", err)
+	}
+	<-long.done
+	res := make([]limiter.Result, 1)
+	if err := b.finish(context.Background(), long.deadline, req, long.calls, res); err != nil || !res[0].Allowed {
+		t.Errorf("the Check with time left = %v, %+v; want admitted by its own call", err, res[0])
+	}
+	for _, j := range []*job{short, near, long} {
+		c.put(j)
+	}
+}
+
+// TestCoalescedDeadlineClassIdleSlot: a Check a leader leaves queued for
+// its deadline class is lent an idle slot at once, rather than wait for the
+// leader's call to end: with two slots and Redis stopped, it leads on the
+// other slot while the short call is still held.
+func TestCoalescedDeadlineClassIdleSlot(t *testing.T) {
+	r := testenv.RedisServer(t)
+	b := openBackend(t, Options{URL: "redis://" + r.Addr, Timeout: testTimeout, Senders: 2})
+	c := b.co
+	req := []limiter.Request{{Key: key(t.Name()), Limit: limiter.Limit{Requests: 100, Window: time.Hour}, Hits: 1}}
+	newJob := func(deadline time.Time) *job {
+		j := c.pool.Get().(*job)
+		j.encode(b, req)
+		j.ctx, j.deadline = context.Background(), deadline
+		j.state.Store(jobPending)
+		return j
+	}
+	short, long := newJob(time.Now().Add(300*time.Millisecond)), newJob(time.Now().Add(testTimeout))
+	c.mu.Lock()
+	long.queued = true
+	c.queue = append(c.queue, long)
+	bt := c.takeIdle(c.clock())
+	r.Pause()
+	t.Cleanup(r.Resume)
+	led := make(chan struct{})
+	go func() {
+		defer close(led)
+		c.lead(bt, short)
+	}()
+	<-long.done // lent a slot
+	c.mu.Lock()
+	lead := long.lead
+	long.lead = nil
+	c.mu.Unlock()
+	if lead == nil || lead == bt {
+		t.Errorf("the Check left queued was lent slot %p, want the idle one (not the short call's %p)", lead, bt)
+	}
+	r.Resume()
+	<-led
+	<-short.done
+	if lead != nil {
+		if err := c.takeLead(lead, long); err != nil {
+			t.Fatal(err)
+		}
+		<-long.done
+	}
+	for _, j := range []*job{short, long} {
+		c.put(j)
+	}
+}
