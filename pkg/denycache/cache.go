@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,8 +27,8 @@ const (
 // Options configures a Cache. The zero value takes every default.
 type Options struct {
 	// MaxEntries is the largest number of entries kept. Default
-	// DefaultMaxEntries. Each entry holds a copy of its Request.Key plus
-	// about 100 bytes.
+	// DefaultMaxEntries. An entry's size does not depend on its
+	// Request.Key (see the package documentation, "Memory").
 	MaxEntries int
 	// Shards is the number of independently locked maps the entries are
 	// spread over. Default DefaultShards; at most MaxEntries.
@@ -67,7 +66,7 @@ type Cache struct {
 	epoch    time.Time // instants are kept as nanoseconds since epoch
 	maxTTL   int64     // ns; 0: no cap
 	perShard int
-	seed     maphash.Seed
+	seeds    [2]maphash.Seed // of ident's two halves
 	shards   []shard
 
 	answered, forwarded, recorded, skipped atomic.Uint64
@@ -85,15 +84,30 @@ type shard struct {
 	_             [32]byte // keep neighbouring shards' mutexes off one cache line
 }
 
-// ident is a counter's storage identity: key, algorithm, window.
-type ident struct {
+// ident stands for a counter's storage identity (Request.Key,
+// Limit.Algorithm, Limit.Window): two 64-bit hashes of it under the Cache's
+// two seeds. An entry holds no part of the key (see the package
+// documentation, "Memory").
+type ident struct{ a, b uint64 }
+
+// counter is a counter's storage identity.
+type counter struct {
 	key    string
-	alg    limiter.Algorithm
 	window time.Duration
+	alg    limiter.Algorithm
 }
 
-func identOf(r *limiter.Request) ident {
-	return ident{key: r.Key, alg: r.Limit.Algorithm, window: r.Limit.Window}
+// counterOf returns the storage identity of r's counter.
+func counterOf(r *limiter.Request) counter {
+	return counter{key: r.Key, window: r.Limit.Window, alg: r.Limit.Algorithm}
+}
+
+// identOf returns the ident of r's counter. maphash.Comparable hashes the
+// counter field by field, the key by its length and bytes, so two different
+// identities are two different inputs and only the hashes can collide.
+func (c *Cache) identOf(r *limiter.Request) ident {
+	v := counterOf(r)
+	return ident{a: maphash.Comparable(c.seeds[0], v), b: maphash.Comparable(c.seeds[1], v)}
 }
 
 // entry is a denial of one hit by the store, under the limit numbers
@@ -137,7 +151,7 @@ func New(next limiter.Limiter, o Options) (*Cache, error) {
 		epoch:    o.Now(),
 		maxTTL:   int64(o.MaxTTL),
 		perShard: o.MaxEntries / o.Shards,
-		seed:     maphash.MakeSeed(),
+		seeds:    [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
 		shards:   make([]shard, o.Shards),
 	}
 	for i := range c.shards {
@@ -172,13 +186,9 @@ func (c *Cache) Len() int {
 // clock returns the local time in ns since c.epoch.
 func (c *Cache) clock() int64 { return int64(c.now().Sub(c.epoch)) }
 
-func (c *Cache) shardOf(id *ident) *shard {
-	x := maphash.String(c.seed, id.key)
-	x ^= uint64(id.window)*0x9e3779b97f4a7c15 + uint64(id.alg)
-	x ^= x >> 31
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 29
-	return &c.shards[x%uint64(len(c.shards))]
+// shardOf returns the shard of id (a seeded hash: its bits are uniform).
+func (c *Cache) shardOf(id ident) *shard {
+	return &c.shards[id.a%uint64(len(c.shards))]
 }
 
 // smallBatch is the batch size looked up without heap allocation.
@@ -228,8 +238,8 @@ func (c *Cache) lookup(r *limiter.Request) (entry, bool) {
 	if r.Hits > 1 {
 		return entry{}, false
 	}
-	id := identOf(r)
-	s := c.shardOf(&id)
+	id := c.identOf(r)
+	s := c.shardOf(id)
 	s.mu.Lock()
 	e, ok := s.m[id]
 	s.mu.Unlock()
@@ -263,8 +273,8 @@ func (c *Cache) answer(now int64, reqs []limiter.Request, found []entry, results
 
 // drop deletes r's entry if it is still the expired one (until).
 func (c *Cache) drop(r *limiter.Request, until, now int64) {
-	id := identOf(r)
-	s := c.shardOf(&id)
+	id := c.identOf(r)
+	s := c.shardOf(id)
 	s.mu.Lock()
 	if e, ok := s.m[id]; ok && e.until == until && now > e.until {
 		delete(s.m, id)
@@ -347,8 +357,8 @@ func (c *Cache) record(at int64, reqs []limiter.Request, results []limiter.Resul
 
 // forget deletes the entry of q's counter.
 func (c *Cache) forget(q *limiter.Request) {
-	id := identOf(q)
-	s := c.shardOf(&id)
+	id := c.identOf(q)
+	s := c.shardOf(id)
 	s.mu.Lock()
 	if len(s.m) > 0 {
 		delete(s.m, id)
@@ -359,8 +369,7 @@ func (c *Cache) forget(q *limiter.Request) {
 // sharesCounter reports whether one of earlier counts on q's counter.
 func sharesCounter(earlier []limiter.Request, q *limiter.Request) bool {
 	for i := range earlier {
-		p := &earlier[i]
-		if p.Key == q.Key && p.Limit.Algorithm == q.Limit.Algorithm && p.Limit.Window == q.Limit.Window {
+		if counterOf(&earlier[i]) == counterOf(q) {
 			return true
 		}
 	}
@@ -369,12 +378,8 @@ func sharesCounter(earlier []limiter.Request, q *limiter.Request) bool {
 
 // insert stores e for q unless q's shard is full of live entries.
 func (c *Cache) insert(q *limiter.Request, e entry) {
-	id := identOf(q)
-	// The key may be a slice of a larger string (all the keys of one
-	// request): keep only its own bytes. Cloned for updates too, because
-	// a map assignment replaces a string key with the new one.
-	id.key = strings.Clone(id.key)
-	s := c.shardOf(&id)
+	id := c.identOf(q)
+	s := c.shardOf(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.m[id]; !ok && len(s.m) >= c.perShard {

@@ -1,11 +1,15 @@
 package denycache
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -195,10 +199,10 @@ func forwardedDenials(t *testing.T, log []call, maxTTL time.Duration) int {
 		cap = maxTTL.Milliseconds()
 	}
 	forwarded := 0
-	validUntil := map[ident]int64{} // last ms answerable by the latest forwarded denial
+	validUntil := map[counter]int64{} // last ms answerable by the latest forwarded denial
 	for _, k := range log {
 		q, r := k.reqs[0], k.res[0]
-		id := identOf(&q)
+		id := counterOf(&q)
 		if r.Allowed {
 			delete(validUntil, id)
 			continue
@@ -350,6 +354,105 @@ func TestBounded(t *testing.T) {
 	}
 }
 
+// TestEntryMemory fills a Cache with denials of distinct keys from 16 bytes
+// to 5,000 (five values of 1,000 bytes), each key a part of a larger string
+// as the keys of a request are parts of one buffer, and measures the heap the
+// Cache holds per entry: under 200 bytes whatever the key's length, and the
+// same for every length, since an entry keeps no byte of its key and so no
+// reference to the buffer.
+func TestEntryMemory(t *testing.T) {
+	const maxEntries, bound = 10_000, 200
+	var sizes []int64
+	for _, n := range []int{16, 1024, 5000} {
+		size := entryBytes(t, maxEntries, n)
+		t.Logf("keys of %d bytes: %d bytes per entry", n, size)
+		if size <= 0 || size > bound {
+			t.Errorf("keys of %d bytes: %d bytes per entry, want at most %d", n, size, bound)
+		}
+		sizes = append(sizes, size)
+	}
+	if d := slices.Max(sizes) - slices.Min(sizes); d > 16 {
+		t.Errorf("bytes per entry %v vary by %d with the key's length", sizes, d)
+	}
+}
+
+// entryBytes returns the heap a Cache of maxEntries holds per entry once full
+// of denials of distinct keys of keyLen bytes (at least 8), each a part of a
+// string 4 KiB longer.
+func entryBytes(t *testing.T, maxEntries, keyLen int) int64 {
+	t.Helper()
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	clock := limitertest.NewClock(time.UnixMilli(start))
+	c := newCache(t, denyAll{}, clock, Options{MaxEntries: maxEntries})
+	full := uint64(maxEntries / DefaultShards * DefaultShards)
+	l := limiter.Limit{Requests: 1, Window: time.Minute}
+	reqs, res := make([]limiter.Request, 1), make([]limiter.Result, 1)
+	const off = 64
+	buf := bytes.Repeat([]byte{'v'}, keyLen+4096)
+	for i := 0; c.Stats().Recorded < full && i < 4*maxEntries; i++ {
+		binary.BigEndian.PutUint64(buf[off:], uint64(i))
+		whole := string(buf)
+		reqs[0] = limiter.Request{Key: whole[off : off+keyLen], Limit: l, Hits: 1}
+		if err := c.Check(context.Background(), reqs, res); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reqs[0] = limiter.Request{}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	n := c.Len()
+	if uint64(n) != full {
+		t.Fatalf("keys of %d bytes: %d entries, want a full cache (%d)", keyLen, n, full)
+	}
+	runtime.KeepAlive(c)
+	return (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / int64(n)
+}
+
+// TestIdentity checks that a denial answers its own counter only: the same
+// key under another window or algorithm, and keys that differ from it only
+// in their length, their last byte or their first, are other counters, each
+// answered by its own entry once denied.
+func TestIdentity(t *testing.T) {
+	clock := limitertest.NewClock(time.UnixMilli(start))
+	c := newCache(t, denyAll{}, clock, Options{})
+	key := strings.Repeat("k", 300)
+	first := limiter.Request{Key: key, Limit: limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 1, Window: time.Second}, Hits: 1}
+	reqs := []limiter.Request{first}
+	for _, change := range []func(*limiter.Request){
+		func(r *limiter.Request) { r.Limit.Window = 2 * time.Second },
+		func(r *limiter.Request) { r.Limit.Window = time.Second + time.Millisecond },
+		func(r *limiter.Request) { r.Limit.Algorithm = limiter.SlidingWindow },
+		func(r *limiter.Request) { r.Limit.Algorithm = limiter.TokenBucket },
+		func(r *limiter.Request) { r.Key = key[:299] },
+		func(r *limiter.Request) { r.Key = key + "k" },
+		func(r *limiter.Request) { r.Key = key[:299] + "j" },
+		func(r *limiter.Request) { r.Key = "\x00" + key[1:] },
+	} {
+		r := first
+		change(&r)
+		reqs = append(reqs, r)
+	}
+	for i, r := range reqs {
+		before := c.Stats()
+		check(t, c, r)
+		if st := c.Stats(); st.Answered != before.Answered || st.Recorded != before.Recorded+1 {
+			t.Fatalf("request %d (key of %d bytes, %v, %v) was answered by another counter's entry: stats %+v, then %+v",
+				i, len(r.Key), r.Limit.Algorithm, r.Limit.Window, before, st)
+		}
+	}
+	for i, r := range reqs {
+		before := c.Stats().Answered
+		if res := check(t, c, r)[0]; res.Allowed || c.Stats().Answered != before+1 {
+			t.Fatalf("request %d was not answered by its entry: %+v", i, res)
+		}
+	}
+	if n := c.Len(); n != len(reqs) {
+		t.Fatalf("%d entries for %d counters", n, len(reqs))
+	}
+}
+
 // TestOptions checks New's validation and the MaxEntries bound with few
 // entries.
 func TestOptions(t *testing.T) {
@@ -400,15 +503,33 @@ func TestErrors(t *testing.T) {
 func BenchmarkCachedDenial(b *testing.B) {
 	clock := limitertest.NewClock(time.UnixMilli(start))
 	c := newCache(b, newMemory(b, clock), clock, Options{MaxTTL: -1})
-	r := []limiter.Request{{Key: "hot", Limit: limiter.Limit{Requests: 1, Window: time.Hour}, Hits: 1}}
+	benchDenial(b, c, limiter.Request{Key: "hot", Limit: limiter.Limit{Requests: 1, Window: time.Hour}, Hits: 1})
+}
+
+// BenchmarkCachedDenialKeyLength is BenchmarkCachedDenial with keys of
+// several lengths: 64 bytes, one value of the longest kept as such, five.
+func BenchmarkCachedDenialKeyLength(b *testing.B) {
+	for _, n := range []int{64, 1024, 5000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			clock := limitertest.NewClock(time.UnixMilli(start))
+			c := newCache(b, denyAll{}, clock, Options{MaxTTL: -1})
+			benchDenial(b, c, limiter.Request{Key: strings.Repeat("k", n), Limit: limiter.Limit{Requests: 1, Window: time.Hour}, Hits: 1})
+		})
+	}
+}
+
+// benchDenial measures Checks of r, denied by the store behind c, answered
+// by c.
+func benchDenial(b *testing.B, c *Cache, r limiter.Request) {
+	reqs := []limiter.Request{r}
 	res := make([]limiter.Result, 1)
 	ctx := context.Background()
 	for range 2 {
-		_ = c.Check(ctx, r, res)
+		_ = c.Check(ctx, reqs, res)
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := c.Check(ctx, r, res); err != nil || res[0].Allowed {
+		if err := c.Check(ctx, reqs, res); err != nil || res[0].Allowed {
 			b.Fatal(err, res[0])
 		}
 	}

@@ -111,8 +111,8 @@ func TestRedisRealClock(t *testing.T) {
 			q := limiter.Request{Key: "hot", Limit: limiter.Limit{Algorithm: alg, Requests: 3, Window: 50 * time.Millisecond}, Hits: 1}
 			probe := q
 			probe.Hits = 0
-			id := identOf(&q)
-			s := c.shardOf(&id)
+			id := c.identOf(&q)
+			s := c.shardOf(id)
 			probes := 0
 			for range 3000 {
 				before := c.Stats().Answered
