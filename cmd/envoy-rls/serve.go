@@ -326,6 +326,11 @@ func serve(ctx context.Context, o serveOptions, log *slog.Logger, hup <-chan os.
 		// Decodes requests and encodes responses without the protobuf
 		// runtime's reflection (see rls.Codec).
 		grpc.ForceServerCodecV2(rls.NewCodec()),
+		// A request longer than the largest within the request limits
+		// (about 1.3 MB) is refused, ResourceExhausted, by its length
+		// prefix, before it is read, instead of at grpc-go's default of
+		// 4 MiB.
+		grpc.MaxRecvMsgSize(svc.MaxRequestBytes()),
 		// Envoy keeps few long-lived HTTP/2 connections and multiplexes
 		// many small unary calls on them.
 		grpc.MaxConcurrentStreams(1 << 16),

@@ -18,8 +18,11 @@ import (
 	commonrl "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/envoy-rls/envoy-rls/internal/gcpercent"
 	"github.com/envoy-rls/envoy-rls/internal/listen"
@@ -126,6 +129,26 @@ func desc(kv ...string) *commonrl.RateLimitDescriptor {
 		d.Entries = append(d.Entries, &commonrl.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
 	}
 	return d
+}
+
+// TestServeRefusesRequestsOverMaxRequestBytes: serve's gRPC server refuses
+// a request longer than the largest within the default request limits
+// (1,322,569 bytes, rls.Service.MaxRequestBytes) with ResourceExhausted,
+// where grpc-go's default would read up to 4 MiB, and answers one just
+// within it (a long value is valid).
+func TestServeRefusesRequestsOverMaxRequestBytes(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "t.yaml"), "domain: t\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n")
+	r := startServe(t, serveOptions{configDir: dir})
+	for _, c := range []struct {
+		value int
+		want  codes.Code
+	}{{1_322_569 - 20, codes.OK}, {1_322_569, codes.ResourceExhausted}} {
+		req := &rlsv3.RateLimitRequest{Domain: "t", Descriptors: []*commonrl.RateLimitDescriptor{desc("k", strings.Repeat("v", c.value))}}
+		if _, err := r.client.ShouldRateLimit(context.Background(), req); status.Code(err) != c.want {
+			t.Errorf("a request of %d bytes: %v, want %v", proto.Size(req), err, c.want)
+		}
+	}
 }
 
 func TestServeHealthReadinessAndDecisions(t *testing.T) {

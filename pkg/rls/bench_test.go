@@ -214,6 +214,7 @@ func BenchmarkWireShouldRateLimitOverLimit(b *testing.B) {
 // the requests of BenchmarkWireShouldRateLimit.
 func BenchmarkDecodeRequest(b *testing.B) {
 	reqs := benchRequests(1024)
+	lim := RequestLimits{}.withDefaults()
 	wire := make([][]byte, len(reqs))
 	for i, req := range reqs {
 		raw, err := proto.Marshal(req)
@@ -226,7 +227,10 @@ func BenchmarkDecodeRequest(b *testing.B) {
 		name   string
 		decode func([]byte, *rlsv3.RateLimitRequest) bool
 	}{
-		{"decodeRequest", decodeRequest},
+		{"decodeRequest", func(raw []byte, req *rlsv3.RateLimitRequest) bool {
+			ok, err := decodeRequest(raw, &lim, req)
+			return ok && err == nil
+		}},
 		{"proto.Unmarshal", func(raw []byte, req *rlsv3.RateLimitRequest) bool { return proto.Unmarshal(raw, req) == nil }},
 	} {
 		b.Run(c.name, func(b *testing.B) {

@@ -1,12 +1,18 @@
 package rls
 
 import (
+	"bytes"
+	"fmt"
+	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -36,8 +42,7 @@ func decodeCases(t testing.TB) []struct {
 		return protowire.AppendBytes(tag(b, num, protowire.BytesType), m)
 	}
 	entry := func(k, v string) []byte { return str(str(nil, fieldKey, k), fieldValue, v) }
-	override := desc("user", "u")
-	override.Limit = &commonv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 3, Unit: typev3.RateLimitUnit_MINUTE}
+	override := overrideOf(desc("user", "u"))
 	perHits := desc("user", "u")
 	perHits.HitsAddend = wrapperspb.UInt64(4)
 	negative := desc("user", "u")
@@ -76,8 +81,20 @@ func decodeCases(t testing.TB) []struct {
 		{"invalid_utf8_key", msg(nil, fieldDescriptors, msg(nil, fieldEntries, entry("\xff", "v"))), false},
 		{"invalid_utf8_value", msg(nil, fieldDescriptors, msg(nil, fieldEntries, entry("k", "v\xc3"))), true},
 		{"truncated", marshal(benchRequests(1)[0])[:20], false},
+		{"too_many_descriptors", marshal(request("d", slices.Repeat([]*commonv3.RateLimitDescriptor{desc("k", "v")}, DefaultMaxDescriptors+1)...)), false},
+		{"too_many_entries", marshal(request("d", desc("k", "v"), desc(slices.Repeat([]string{"k", "v"}, DefaultMaxEntries+1)...))), false},
+		{"too_many_entries_and_descriptors", marshal(request("d", slices.Repeat([]*commonv3.RateLimitDescriptor{desc(slices.Repeat([]string{"k", ""}, DefaultMaxEntries+1)...)}, DefaultMaxDescriptors+1)...)), false},
+		{"too_many_entries_override", marshal(request("d", overrideOf(desc(slices.Repeat([]string{"k", "v"}, DefaultMaxEntries+1)...)))), false},
+		{"too_many_entries_then_malformed", append(msg(nil, fieldDescriptors, bytes.Repeat(msg(nil, fieldEntries, nil), DefaultMaxEntries+1)), 0), false},
+		{"entries_as_varint_not_counted", protowire.AppendVarint(tag(msg(nil, fieldDescriptors, bytes.Repeat(protowire.AppendVarint(tag(nil, fieldEntries, protowire.VarintType), 1), DefaultMaxEntries+1)), fieldHitsAddend, protowire.VarintType), 1), false},
 		{"bad_tag", []byte{0}, false},
 	}
+}
+
+// overrideOf is d with a limit override.
+func overrideOf(d *commonv3.RateLimitDescriptor) *commonv3.RateLimitDescriptor {
+	d.Limit = &commonv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 3, Unit: typev3.RateLimitUnit_MINUTE}
+	return d
 }
 
 // TestDecodeRequest checks decodeRequest against proto.Unmarshal: equal
@@ -91,17 +108,27 @@ func TestDecodeRequest(t *testing.T) {
 }
 
 // checkDecode compares decodeRequest with proto.Unmarshal on b; fast
-// (when not nil) is whether decodeRequest must decode b.
+// (when not nil) is whether decodeRequest must decode b. It refuses
+// exactly what checkCounts refuses of what proto.Unmarshal decodes.
 func checkDecode(t *testing.T, b []byte, fast any) {
 	t.Helper()
 	got := &rlsv3.RateLimitRequest{Domain: "sentinel", HitsAddend: 1, Descriptors: []*commonv3.RateLimitDescriptor{desc("s", "s")}}
 	before := proto.Clone(got)
-	ok := decodeRequest(b, got)
+	lim := RequestLimits{}.withDefaults()
+	ok, derr := decodeRequest(b, &lim, got)
 	if fast != nil && ok != fast.(bool) {
-		t.Fatalf("decodeRequest reported %v, want %v", ok, fast)
+		t.Fatalf("decodeRequest reported %v (error %v), want %v", ok, derr, fast)
 	}
 	want := new(rlsv3.RateLimitRequest)
 	err := proto.Unmarshal(b, want)
+	switch {
+	case err == nil:
+		if cerr := checkCounts(want, &lim); fmt.Sprint(derr) != fmt.Sprint(cerr) {
+			t.Fatalf("decodeRequest's error %v, checkCounts' of what proto.Unmarshal decodes %v", derr, cerr)
+		}
+	case derr != nil && status.Code(derr) != codes.InvalidArgument:
+		t.Fatalf("decodeRequest's error %v is not InvalidArgument", derr)
+	}
 	if !ok {
 		if !proto.Equal(got, before) {
 			t.Fatalf("decodeRequest declined but changed the request to %v", got)
@@ -154,11 +181,69 @@ func TestDecodeRequestAllocations(t *testing.T) {
 		t.Fatal(err)
 	}
 	var req rlsv3.RateLimitRequest
+	lim := RequestLimits{}.withDefaults()
 	if n := testing.AllocsPerRun(100, func() {
-		if !decodeRequest(b, &req) {
+		if ok, err := decodeRequest(b, &lim, &req); !ok || err != nil {
 			t.Fatal("not decoded")
 		}
 	}); n != 6 {
 		t.Errorf("%v allocations, want 6", n)
+	}
+}
+
+// TestDecodeRefusesOverLimitsBeforeAllocating decodes requests of 200,000
+// empty entries or empty descriptors (2 bytes each on the wire), of the
+// usual shape (decodeRequest's) or with a limit override or an unknown
+// field (proto.Unmarshal's): each is refused with the limit's error having
+// allocated less than its own size. Both decoders allocate about 80 bytes
+// for each such entry or descriptor when they decode it first, so a 4 MiB
+// request cost well over 100 MiB.
+func TestDecodeRefusesOverLimitsBeforeAllocating(t *testing.T) {
+	const n = 200_000
+	tag := func(b []byte, num protowire.Number) []byte { return protowire.AppendTag(b, num, protowire.BytesType) }
+	str := func(b []byte, num protowire.Number, s string) []byte { return protowire.AppendString(tag(b, num), s) }
+	override, err := proto.Marshal(overrideOf(desc()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	empty := func(num protowire.Number) []byte { return bytes.Repeat(protowire.AppendBytes(tag(nil, num), nil), n) }
+	entries := empty(fieldEntries)
+	descriptors := empty(fieldDescriptors)
+	withEntries := func(d []byte) []byte {
+		return protowire.AppendBytes(tag(str(nil, fieldDomain, "d"), fieldDescriptors), d)
+	}
+	tooManyEntries := "descriptors[0].entries: 200000 entries exceed the maximum of 16"
+	tooManyDescriptors := "descriptors: 200000 descriptors exceed the maximum of 64"
+	for _, c := range []struct {
+		name string
+		b    []byte
+		want string
+	}{
+		{"entries", withEntries(entries), tooManyEntries},
+		{"entries_override", withEntries(append(entries, override...)), tooManyEntries},
+		{"entries_unknown_field", str(withEntries(entries), 9, "x"), tooManyEntries},
+		{"descriptors", append(str(nil, fieldDomain, "d"), descriptors...), tooManyDescriptors},
+		{"descriptors_unknown_field", append(str(nil, 9, "x"), descriptors...), tooManyDescriptors},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			lim := RequestLimits{}.withDefaults()
+			in := lenientRequest{limits: &lim}
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			before := ms.TotalAlloc
+			err := in.Unmarshal(c.b)
+			runtime.ReadMemStats(&ms)
+			alloc := ms.TotalAlloc - before
+			if err != nil {
+				t.Fatal(err)
+			}
+			if status.Code(in.err) != codes.InvalidArgument || errMessage(in.err) != c.want {
+				t.Errorf("error %v, want InvalidArgument %q", in.err, c.want)
+			}
+			t.Logf("%d bytes allocated for a request of %d", alloc, len(c.b))
+			if alloc > uint64(len(c.b)) {
+				t.Errorf("%d bytes allocated for a request of %d bytes, want at most as many", alloc, len(c.b))
+			}
+		})
 	}
 }

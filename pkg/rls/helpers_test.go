@@ -104,7 +104,8 @@ func loadConfig(t testing.TB, files map[string]string) *descriptors.Config {
 
 // newEnv starts a server for the YAML files with opts (Config, Limiter,
 // Observer and Logger are filled in) and extra server options. The server
-// uses the Codec, as serve's does.
+// uses the Codec and refuses a message over the Service's MaxRequestBytes,
+// as serve's does.
 func newEnv(t *testing.T, files map[string]string, opts Options, sopts ...grpc.ServerOption) *env {
 	t.Helper()
 	e := &env{t: t, clock: &clock{}, obs: &recorder{}, logs: &testenv.Buffer{}}
@@ -124,7 +125,7 @@ func newEnv(t *testing.T, files map[string]string, opts Options, sopts ...grpc.S
 		t.Fatal(err)
 	}
 	e.svc = svc
-	srv := grpc.NewServer(append([]grpc.ServerOption{grpc.ForceServerCodecV2(NewCodec())}, sopts...)...)
+	srv := grpc.NewServer(append([]grpc.ServerOption{grpc.ForceServerCodecV2(NewCodec()), grpc.MaxRecvMsgSize(svc.MaxRequestBytes())}, sopts...)...)
 	svc.Register(srv)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -86,7 +86,10 @@ func ParseHeaderMode(s string) (HeaderMode, error) {
 // the defaults below, which are generous for any Envoy rate-limit action
 // (Envoy sends a handful of descriptors of a few entries each) while keeping
 // the work of one request, and the size of the counter keys it creates,
-// bounded.
+// bounded. The descriptors and entries of a request are counted before it
+// is decoded, so that a request over those limits costs no memory for
+// them; and a server built with grpc.MaxRecvMsgSize(Service.MaxRequestBytes())
+// refuses, unread, a request longer than the largest within the limits.
 type RequestLimits struct {
 	// MaxDescriptors is the most descriptors in one request. Default 64.
 	MaxDescriptors int

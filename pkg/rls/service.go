@@ -81,6 +81,16 @@ func (s *Service) Register(srv grpc.ServiceRegistrar) {
 	srv.RegisterService(&serviceDesc, s)
 }
 
+// MaxRequestBytes is the encoded size of the largest request s accepts
+// whose values are at most RequestLimits.MaxValueBytes long: 1,322,569
+// bytes with the default limits (see RequestLimits). Give it to
+// grpc.MaxRecvMsgSize, so that the server refuses a longer message
+// (ResourceExhausted) by its length prefix, before reading it, instead of
+// at gRPC's default of 4 MiB.
+func (s *Service) MaxRequestBytes() int {
+	return s.limits.maxRequestBytes()
+}
+
 // serviceDesc is rlsv3.RateLimitService_ServiceDesc with the lenient handler.
 // It is never modified.
 var serviceDesc = grpc.ServiceDesc{
@@ -95,11 +105,11 @@ var serviceDesc = grpc.ServiceDesc{
 }
 
 func shouldRateLimitHandler(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
-	in := new(lenientRequest)
+	s := srv.(*Service)
+	in := &lenientRequest{limits: &s.limits}
 	if err := dec(in); err != nil {
 		return nil, err
 	}
-	s := srv.(*Service)
 	if interceptor == nil {
 		if in.err != nil {
 			return nil, in.err

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -245,6 +246,56 @@ func TestValidationHonoursConfiguredLimits(t *testing.T) {
 	}
 	if resp := e.must(request("test", desc("user", "abcd"))); resp.OverallCode != rlsv3.RateLimitResponse_OK {
 		t.Errorf("request within the limits: %v", resp)
+	}
+}
+
+// largestRequest is the largest request within lim (its defaults filled
+// in) whose values are at most MaxValueBytes long: every field at its
+// longest, every number at its largest.
+func largestRequest(lim RequestLimits) *rlsv3.RateLimitRequest {
+	ds := make([]*commonv3.RateLimitDescriptor, lim.MaxDescriptors)
+	for i := range ds {
+		d := &commonv3.RateLimitDescriptor{
+			Limit: &commonv3.RateLimitDescriptor_RateLimitOverride{
+				RequestsPerUnit: math.MaxUint32, Unit: typev3.RateLimitUnit_SECOND, UnitMultiplier: wrapperspb.UInt32(math.MaxUint32)},
+			HitsAddend:     wrapperspb.UInt64(math.MaxUint64),
+			IsNegativeHits: true,
+		}
+		for range lim.MaxEntries {
+			d.Entries = append(d.Entries, &commonv3.RateLimitDescriptor_Entry{
+				Key: strings.Repeat("k", lim.MaxKeyBytes), Value: strings.Repeat("v", lim.MaxValueBytes)})
+		}
+		ds[i] = d
+	}
+	return &rlsv3.RateLimitRequest{Domain: strings.Repeat("d", lim.MaxDomainBytes), HitsAddend: math.MaxUint32, Descriptors: ds}
+}
+
+// TestMaxRequestBytesIsTheLargestValidRequest: for the default limits and
+// others, MaxRequestBytes is the size of the largest valid request, which
+// the server (built as serve builds it) answers; a request one byte longer
+// (a value one byte longer: valid, counted under its digest) is refused
+// with ResourceExhausted.
+func TestMaxRequestBytesIsTheLargestValidRequest(t *testing.T) {
+	for _, lim := range []RequestLimits{{}, {MaxDescriptors: 2, MaxEntries: DefaultMaxEntries + 4, MaxDomainBytes: 300, MaxKeyBytes: 3, MaxValueBytes: 20_000}} {
+		e := newEnv(t, testFiles, Options{Limits: lim})
+		max := e.svc.MaxRequestBytes()
+		req := largestRequest(e.svc.limits)
+		if size := proto.Size(req); size != max {
+			t.Fatalf("%+v: the largest request is %d bytes, MaxRequestBytes %d", lim, size, max)
+		}
+		if resp, err := e.call(req); err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK || len(resp.Statuses) != len(req.Descriptors) {
+			t.Errorf("%+v: the largest request answered %v, %d statuses, error %v", lim, resp.GetOverallCode(), len(resp.GetStatuses()), err)
+		}
+		req.Descriptors[0].Entries[0].Value += "v"
+		if size := proto.Size(req); size != max+1 {
+			t.Fatalf("%+v: the request one byte longer is %d bytes, want %d", lim, size, max+1)
+		}
+		if _, err := e.call(req); status.Code(err) != codes.ResourceExhausted {
+			t.Errorf("%+v: a request of %d bytes answered %v, want ResourceExhausted", lim, max+1, err)
+		}
+	}
+	if got, want := (&RequestLimits{MaxDescriptors: math.MaxInt, MaxEntries: math.MaxInt, MaxDomainBytes: 1, MaxKeyBytes: math.MaxInt, MaxValueBytes: 1}).maxRequestBytes(), math.MaxInt32; got != want {
+		t.Errorf("MaxRequestBytes of limits beyond 2 GiB: %d, want %d", got, want)
 	}
 }
 

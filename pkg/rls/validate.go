@@ -23,32 +23,29 @@ func invalid(format string, args ...any) error {
 
 // validate checks everything about req that does not need the configuration.
 // It runs before anything is matched or counted, so a bad request consumes
-// nothing. The error is an InvalidArgument status naming the field.
+// nothing. The error is an InvalidArgument status naming the field. Too many
+// descriptors, or entries in a descriptor, is reported first, as
+// scanRequest reports it for a request on the wire before decoding it.
 func (s *Service) validate(req *rlsv3.RateLimitRequest) error {
 	lim := &s.limits
 	if req == nil {
 		return invalid("request: must not be null")
 	}
+	if err := checkCounts(req, lim); err != nil {
+		return err
+	}
 	if err := checkString("domain", req.Domain, lim.MaxDomainBytes); err != nil {
 		return err
 	}
-	n := len(req.Descriptors)
-	switch {
-	case n == 0:
+	if len(req.Descriptors) == 0 {
 		return invalid("descriptors: must not be empty")
-	case n > lim.MaxDescriptors:
-		return invalid("descriptors: %d descriptors exceed the maximum of %d", n, lim.MaxDescriptors)
 	}
 	for i, d := range req.Descriptors {
 		if d == nil {
 			return invalid("descriptors[%d]: must not be null", i)
 		}
-		m := len(d.Entries)
-		switch {
-		case m == 0:
+		if len(d.Entries) == 0 {
 			return invalid("descriptors[%d].entries: must not be empty", i)
-		case m > lim.MaxEntries:
-			return invalid("descriptors[%d].entries: %d entries exceed the maximum of %d", i, m, lim.MaxEntries)
 		}
 		for j, e := range d.Entries {
 			if e == nil {
@@ -65,6 +62,34 @@ func (s *Service) validate(req *rlsv3.RateLimitRequest) error {
 		}
 	}
 	return nil
+}
+
+// checkCounts refuses a request of more descriptors than lim.MaxDescriptors
+// (tooManyDescriptors), else one with a descriptor of more entries than
+// lim.MaxEntries (tooManyEntries, the first such descriptor).
+func checkCounts(req *rlsv3.RateLimitRequest, lim *RequestLimits) error {
+	if n := len(req.Descriptors); n > lim.MaxDescriptors {
+		return tooManyDescriptors(n, lim)
+	}
+	for i, d := range req.Descriptors {
+		if m := len(d.GetEntries()); m > lim.MaxEntries {
+			return tooManyEntries(i, m, lim)
+		}
+	}
+	return nil
+}
+
+// tooManyDescriptors is the error for a request of n descriptors, more than
+// lim.MaxDescriptors, and tooManyEntries for its descriptor i of m entries,
+// more than lim.MaxEntries. checkCounts gives them for a decoded request,
+// scanRequest for one on the wire, before anything is allocated for its
+// descriptors.
+func tooManyDescriptors(n int, lim *RequestLimits) error {
+	return invalid("descriptors: %d descriptors exceed the maximum of %d", n, lim.MaxDescriptors)
+}
+
+func tooManyEntries(i, m int, lim *RequestLimits) error {
+	return invalid("descriptors[%d].entries: %d entries exceed the maximum of %d", i, m, lim.MaxEntries)
 }
 
 func checkString(field, v string, max int) error {
@@ -163,6 +188,9 @@ func overrideUnitSeconds(u typev3.RateLimitUnit) int64 {
 type lenientRequest struct {
 	req rlsv3.RateLimitRequest
 	err error
+	// limits bounds the descriptors and entries decoded (see
+	// decodeRequest); nil stands for the defaults. Reset keeps it.
+	limits *RequestLimits
 }
 
 // Reset, String and ProtoMessage make lenientRequest a (legacy) proto
@@ -171,14 +199,24 @@ func (r *lenientRequest) Reset()         { r.req.Reset(); r.err = nil }
 func (r *lenientRequest) String() string { return r.req.String() }
 func (*lenientRequest) ProtoMessage()    {}
 
-// Unmarshal decodes b; it never fails, see lenientRequest. A request of the
-// usual shape is decoded by decodeRequest, any other by proto.Unmarshal.
+// Unmarshal decodes b; it never fails, see lenientRequest. A request over
+// r.limits' counts of descriptors or entries is refused before it is
+// decoded; a request of the usual shape is decoded by decodeRequest, any
+// other by proto.Unmarshal.
 func (r *lenientRequest) Unmarshal(b []byte) error {
-	if decodeRequest(b, &r.req) {
-		return nil
+	lim := r.limits
+	if lim == nil {
+		def := RequestLimits{}.withDefaults()
+		lim = &def
 	}
-	if err := proto.Unmarshal(b, &r.req); err != nil {
-		r.err = decodeError(b, err)
+	fast, err := decodeRequest(b, lim, &r.req)
+	switch {
+	case err != nil:
+		r.err = err
+	case !fast:
+		if err := proto.Unmarshal(b, &r.req); err != nil {
+			r.err = decodeError(b, err)
+		}
 	}
 	return nil
 }
@@ -195,13 +233,64 @@ func decodeError(b []byte, err error) error {
 
 // Field numbers of RateLimitRequest and its nested messages.
 const (
-	fieldDomain      = 1 // RateLimitRequest.domain
-	fieldDescriptors = 2 // RateLimitRequest.descriptors
-	fieldHitsAddend  = 3 // RateLimitRequest.hits_addend, a uint32
-	fieldEntries     = 1 // RateLimitDescriptor.entries
-	fieldKey         = 1 // Entry.key
-	fieldValue       = 2 // Entry.value
+	fieldDomain          = 1 // RateLimitRequest.domain
+	fieldDescriptors     = 2 // RateLimitRequest.descriptors
+	fieldHitsAddend      = 3 // RateLimitRequest.hits_addend, a uint32
+	fieldEntries         = 1 // RateLimitDescriptor.entries
+	fieldLimit           = 2 // RateLimitDescriptor.limit, a RateLimitOverride
+	fieldDescHitsAddend  = 3 // RateLimitDescriptor.hits_addend, a UInt64Value
+	fieldIsNegativeHits  = 4 // RateLimitDescriptor.is_negative_hits
+	fieldKey             = 1 // Entry.key
+	fieldValue           = 2 // Entry.value
+	fieldRequestsPerUnit = 1 // RateLimitOverride.requests_per_unit, a uint32
+	fieldUnit            = 2 // RateLimitOverride.unit, a RateLimitUnit
+	fieldUnitMultiplier  = 3 // RateLimitOverride.unit_multiplier, a UInt32Value
+	fieldWrapperValue    = 1 // UInt32Value.value, UInt64Value.value
 )
+
+// maxRequestBytes is the encoded size of the largest request within l (its
+// defaults filled in) whose values are at most MaxValueBytes long, as a
+// protobuf encoder (Envoy's) writes it: every field once, every number at
+// its longest varint. Each field is its tag (1 byte), its length (a
+// varint) and its bytes; with the defaults:
+//
+//	entry       key 1+2+256 + value 1+2+1,024                     =     1,286
+//	descriptor  16 entries × (1+2+1,286)                          =    20,624
+//	            + limit 1+1+16: requests_per_unit 1+5, unit 1+1,
+//	              unit_multiplier 1+1+(1+5)                       +        18
+//	            + hits_addend 1+1+(1+10) + is_negative_hits 1+1   +        15
+//	request     domain 1+2+256 + hits_addend 1+5                  =       265
+//	            + 64 descriptors × (1+3+20,657)                   + 1,322,304
+//	                                                              = 1,322,569
+//
+// about 1.3 MB. A longer request is over the limits, or carries values over
+// MaxValueBytes (valid: each is counted under its digest, but together
+// they must fit), or fields a newer Envoy knows and this service does not,
+// or a field twice. The result is at most math.MaxInt32 (gRPC's length
+// prefix is 32 bits), whatever the limits.
+func (l *RequestLimits) maxRequestBytes() int {
+	const most = math.MaxInt32
+	// Every term is kept at most most, so that no product overflows.
+	bytes := func(num protowire.Number, n int64) int64 {
+		return min(int64(protowire.SizeTag(num)+protowire.SizeVarint(uint64(n)))+n, most)
+	}
+	varint := func(num protowire.Number, v uint64) int64 {
+		return int64(protowire.SizeTag(num) + protowire.SizeVarint(v))
+	}
+	times := func(k int, n int64) int64 { return min(int64(min(k, most))*min(n, most), most) }
+	entry := bytes(fieldKey, int64(min(l.MaxKeyBytes, most))) + bytes(fieldValue, int64(min(l.MaxValueBytes, most)))
+	override := varint(fieldRequestsPerUnit, math.MaxUint32) +
+		varint(fieldUnit, uint64(typev3.RateLimitUnit_YEAR)) +
+		bytes(fieldUnitMultiplier, varint(fieldWrapperValue, math.MaxUint32))
+	desc := times(l.MaxEntries, bytes(fieldEntries, entry)) +
+		bytes(fieldLimit, override) +
+		bytes(fieldDescHitsAddend, varint(fieldWrapperValue, math.MaxUint64)) +
+		varint(fieldIsNegativeHits, 1)
+	req := bytes(fieldDomain, int64(min(l.MaxDomainBytes, most))) +
+		varint(fieldHitsAddend, math.MaxUint32) +
+		times(l.MaxDescriptors, bytes(fieldDescriptors, desc))
+	return int(min(req, most))
+}
 
 var errWire = errors.New("malformed")
 
