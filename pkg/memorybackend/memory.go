@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+	"strings"
 	"sync"
 	"time"
 
@@ -59,6 +60,11 @@ type ident struct {
 type entry struct {
 	expires int64
 	state   algorithm.State
+	// key is the map key's own copy of the counter's key. A request's
+	// keys are substrings of one string (all of them); a write gives the
+	// map this copy, not the request's (a map assignment replaces a string
+	// key), so that a counter keeps only its own key's bytes.
+	key string
 }
 
 // New returns a Backend with its sweeper running (unless disabled).
@@ -169,6 +175,7 @@ type pending struct {
 	requests    int           // the batch's requests on it
 	stored, cur algorithm.State
 	dirty       bool
+	known       bool // id.key is the map's copy (entry.key)
 }
 
 // Check decides reqs atomically at the Backend's clock and writes one
@@ -232,12 +239,16 @@ func (b *Backend) Check(ctx context.Context, reqs []limiter.Request, results []l
 	for j := range pend {
 		p := &pend[j]
 		m := b.shards[p.shard].m
-		if e, ok := m[p.id]; ok && e.expires > now {
+		e, ok := m[p.id]
+		if ok {
+			p.id.key, p.known = e.key, true
+		}
+		if ok && e.expires > now {
 			// Room for the batch's appends in place (a sliding log),
 			// stored at once so that it is kept if the batch is vetoed.
 			var copied bool
 			if p.stored, copied = algorithm.Reserve(p.limit, e.state, p.requests); copied {
-				m[p.id] = entry{expires: e.expires, state: p.stored}
+				m[p.id] = entry{expires: e.expires, state: p.stored, key: e.key}
 			}
 			p.cur = p.stored
 		}
@@ -266,7 +277,10 @@ func (b *Backend) Check(ctx context.Context, reqs []limiter.Request, results []l
 	}
 	for j := range pend {
 		if p := &pend[j]; ok && p.dirty {
-			b.shards[p.shard].m[p.id] = entry{expires: algorithm.ExpiresAt(p.limit, p.cur), state: p.cur}
+			if !p.known {
+				p.id.key = strings.Clone(p.id.key)
+			}
+			b.shards[p.shard].m[p.id] = entry{expires: algorithm.ExpiresAt(p.limit, p.cur), state: p.cur, key: p.id.key}
 		}
 	}
 	for k := len(locks) - 1; k >= 0; k-- {
