@@ -46,7 +46,10 @@ for _ in $(seq 100); do
 	}
 	sleep 0.1
 done
-out="$(cd "$ROOT" && ENVOY_RLS_CALLGRIND_REDIS="127.0.0.1:$PORT" ENVOY_RLS_CALLGRIND_PER_CALL="$PER_CALL" ENVOY_RLS_CALLGRIND_MIX="$MIX" \
+# The benchmark zeroes and dumps this redis-server's counts only (by its
+# pid): callgrind_control without one acts on every callgrind process of
+# the machine, such as another run's.
+out="$(cd "$ROOT" && ENVOY_RLS_CALLGRIND_REDIS="127.0.0.1:$PORT" ENVOY_RLS_CALLGRIND_PID="$PID" ENVOY_RLS_CALLGRIND_PER_CALL="$PER_CALL" ENVOY_RLS_CALLGRIND_MIX="$MIX" \
 	go test -run '^$' -bench CheckUnderCallgrind -benchtime 1x ./pkg/redisbackend)" || {
 	echo "$out" >&2
 	exit 1

@@ -281,9 +281,9 @@ func mixCalls(b *testing.B, be *Backend, mix func(i int) []limiter.Request, perC
 // Checks. Instruction counts, unlike CPU time, hardly depend on what else
 // the machine runs.
 func BenchmarkCheckUnderCallgrind(b *testing.B) {
-	addr := os.Getenv("ENVOY_RLS_CALLGRIND_REDIS")
-	if addr == "" {
-		b.Skip("run by scripts/callgrind-check.sh, which sets ENVOY_RLS_CALLGRIND_REDIS")
+	addr, pid := os.Getenv("ENVOY_RLS_CALLGRIND_REDIS"), os.Getenv("ENVOY_RLS_CALLGRIND_PID")
+	if addr == "" || pid == "" {
+		b.Skip("run by scripts/callgrind-check.sh, which sets ENVOY_RLS_CALLGRIND_REDIS and ENVOY_RLS_CALLGRIND_PID")
 	}
 	mixName := cmp.Or(os.Getenv("ENVOY_RLS_CALLGRIND_MIX"), "3desc")
 	mix, ok := checkMixes[mixName]
@@ -315,7 +315,9 @@ func BenchmarkCheckUnderCallgrind(b *testing.B) {
 		}
 	}
 	callgrind := func(arg string) {
-		if out, err := exec.Command("callgrind_control", arg).CombinedOutput(); err != nil {
+		// Only the redis-server under measurement: without a pid,
+		// callgrind_control acts on every callgrind process.
+		if out, err := exec.Command("callgrind_control", arg, pid).CombinedOutput(); err != nil {
 			b.Fatalf("callgrind_control %s: %v\n%s", arg, err, out)
 		}
 	}
