@@ -72,9 +72,9 @@ import (
 // Deadlines: a Check's deadline is the soonest of its context's,
 // Options.Timeout from its start and the one CheckBy was given, and a call is
 // bounded by the earliest deadline of its groups, so that nobody waits past
-// their own, and carries only groups whose deadlines are within
-// deadlineSlack of its leader's (sameClass), so that nobody is failed by a
-// much shorter deadline than their own; no context is derived per Check. A Check still queued at its
+// their own, and carries only groups whose time budgets are close to its
+// leader's (sameClass), so that nobody is failed by a much shorter
+// deadline than their own; no context is derived per Check. A Check still queued at its
 // deadline is answered then by a timer of the coalescer's (expireQueued),
 // armed for the earliest deadline in the queue, and nothing of it is sent.
 // A caller whose context ends while its group is queued takes it back
@@ -130,6 +130,7 @@ type job struct {
 	slotCalls []slotCall // on a Cluster, the calls' structs, kept for the next Check
 	ctx       context.Context
 	deadline  time.Time // zero: none
+	budget    time.Duration // the time to deadline when the Check began
 	// kept is a copy of the Check's requests, made by a caller that stops
 	// waiting while its Cluster Check of several slot calls is in a call,
 	// for the leader to settle it (settleAbandoned).
@@ -243,7 +244,10 @@ var errClosed = errors.New("redisbackend: closed")
 func (c *coalescer) check(ctx context.Context, deadline time.Time, reqs []limiter.Request, results []limiter.Result) error {
 	j := c.pool.Get().(*job)
 	j.encode(c.b, reqs)
-	j.ctx, j.deadline = ctx, deadline
+	j.ctx, j.deadline, j.budget = ctx, deadline, 0
+	if !deadline.IsZero() {
+		j.budget = time.Until(deadline)
+	}
 	j.state.Store(jobPending)
 	c.mu.Lock()
 	if c.closed {
@@ -452,7 +456,7 @@ func (c *coalescer) lead(bt *batch, first *job) {
 			kept += copy(c.queue[kept:], c.queue[i:])
 			break
 		}
-		if !sameClass(first.deadline, q.deadline) {
+		if !sameClass(first, q) {
 			c.queue[kept] = q
 			kept++
 			continue
@@ -481,24 +485,30 @@ func (c *coalescer) lead(bt *batch, first *job) {
 	c.mu.Unlock()
 }
 
-// deadlineSlack is how far apart the deadlines of the Checks of one
-// coalesced call may be (see sameClass).
+// deadlineSlack is how far apart the time budgets of the Checks of one
+// coalesced call may be, at least (see sameClass).
 const deadlineSlack = time.Millisecond
 
-// sameClass reports whether Checks with deadlines a and b (zero: none) may
-// share a call: both have none, or they are at most deadlineSlack apart. A
-// call is bounded by the earliest deadline of its Checks, so that nobody
-// waits past their own; it would otherwise fail every Check with time left
-// whenever it overran the deadline of one with little (a gateway with a
-// short timeout, a caller near its own). This way a Check loses at most
-// twice the slack of its time to its call-mates (the leader's deadline is
-// the reference), and a Check of another class waits for a call of its own.
-func sameClass(a, b time.Time) bool {
-	if a.IsZero() || b.IsZero() {
-		return a.IsZero() == b.IsZero()
+// sameClass reports whether the Checks of jobs a and b may share a call:
+// neither has a deadline, or their budgets (the time each had to its
+// deadline when it began) are within deadlineSlack or an eighth of the
+// longer one. A call is bounded by the earliest deadline of its Checks, so
+// that nobody waits past their own; a Check with a long budget would
+// otherwise fail whenever the call overran the deadline of one with a short
+// one (a gateway with a shorter timeout). Checks of one budget share calls
+// whenever they arrived, as before classes: the leader, the oldest, has the
+// earliest deadline, and the others lose only their time in the queue. (A
+// class by absolute deadline would carry about a millisecond of arrivals
+// per call, and with calls slower than that the queue would fall behind.)
+func sameClass(a, b *job) bool {
+	if a.deadline.IsZero() || b.deadline.IsZero() {
+		return a.deadline.IsZero() == b.deadline.IsZero()
 	}
-	d := a.Sub(b)
-	return d <= deadlineSlack && d >= -deadlineSlack
+	d := a.budget - b.budget
+	if d < 0 {
+		d = -d
+	}
+	return d <= deadlineSlack || d*8 <= max(a.budget, b.budget)
 }
 
 // pass lends slot bt, out of the idle ones, to the oldest queued job, whose
@@ -674,7 +684,7 @@ func (c *coalescer) put(j *job) {
 	}
 	j.one = slotCall{}
 	clear(j.kept)
-	j.ctx, j.err, j.deadline, j.kept = nil, nil, time.Time{}, j.kept[:0]
+	j.ctx, j.err, j.deadline, j.budget, j.kept = nil, nil, time.Time{}, 0, j.kept[:0]
 	c.pool.Put(j)
 }
 
