@@ -129,7 +129,7 @@ type job struct {
 	one       slotCall
 	slotCalls []slotCall // on a Cluster, the calls' structs, kept for the next Check
 	ctx       context.Context
-	deadline  time.Time // zero: none
+	deadline  time.Time     // zero: none
 	budget    time.Duration // the time to deadline when the Check began
 	// kept is a copy of the Check's requests, made by a caller that stops
 	// waiting while its Cluster Check of several slot calls is in a call,
