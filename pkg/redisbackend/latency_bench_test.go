@@ -1,0 +1,193 @@
+package redisbackend
+
+import (
+	"context"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/envoy-rls/envoy-rls/internal/testenv"
+	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+)
+
+// delayProxy forwards TCP connections to a Redis server and holds every
+// chunk of the server's replies for a fixed delay before passing it on: a
+// Redis that many network hops away. Chunks keep their order.
+type delayProxy struct {
+	ln     net.Listener
+	target string
+	delay  time.Duration
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	conns  []net.Conn
+	closed bool
+}
+
+// newDelayProxy starts a delayProxy to target on a loopback port, closed
+// when the test or benchmark ends.
+func newDelayProxy(tb testing.TB, target string, delay time.Duration) *delayProxy {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	p := &delayProxy{ln: ln, target: target, delay: delay}
+	p.wg.Go(p.accept)
+	tb.Cleanup(p.close)
+	return p
+}
+
+func (p *delayProxy) addr() string { return p.ln.Addr().String() }
+
+// track records c for close, or closes it and reports false if the proxy is
+// closed.
+func (p *delayProxy) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		c.Close()
+		return false
+	}
+	p.conns = append(p.conns, c)
+	return true
+}
+
+func (p *delayProxy) accept() {
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return // closed
+		}
+		server, err := net.Dial("tcp", p.target)
+		if err != nil {
+			client.Close()
+			continue
+		}
+		if !p.track(client) || !p.track(server) {
+			client.Close()
+			server.Close()
+			return
+		}
+		p.wg.Go(func() {
+			io.Copy(server, client)
+			server.Close()
+		})
+		p.wg.Go(func() { p.back(client, server) })
+	}
+}
+
+// chunk is a part of a reply and the instant it may be passed on.
+type chunk struct {
+	b   []byte
+	due time.Time
+}
+
+// back passes the server's replies on to the client, each chunk delay
+// after it arrived.
+func (p *delayProxy) back(client, server net.Conn) {
+	ch := make(chan chunk, 4096)
+	p.wg.Go(func() {
+		defer client.Close()
+		for c := range ch {
+			if d := time.Until(c.due); d > 0 {
+				time.Sleep(d)
+			}
+			if _, err := client.Write(c.b); err != nil {
+				for range ch { // drain until the reader stops
+				}
+				return
+			}
+		}
+	})
+	defer close(ch)
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := server.Read(buf)
+		if n > 0 {
+			ch <- chunk{b: append([]byte(nil), buf[:n]...), due: time.Now().Add(p.delay)}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *delayProxy) close() {
+	p.mu.Lock()
+	p.closed = true
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.mu.Unlock()
+	p.ln.Close()
+	p.wg.Wait()
+}
+
+// BenchmarkCheckBehindLatency offers Checks at a fixed rate (one every
+// 200 µs, 5,000/s, each in a goroutine of its own: an open loop, as many
+// gateways' traffic is) to a Backend whose Redis answers 3 ms late, and
+// reports the share of Checks that failed ("%failed": a Check that failed is
+// answered by its rule's failure mode) and how many Checks a coalesced call carried. Every Check has a
+// deadline of 25 ms (Envoy's timeout), or, in budgets=25ms+100ms, every
+// other one 100 ms (two gateways with different timeouts, whose Checks
+// coalesce apart). With two sender slots and calls of at least 3 ms, the
+// calls keep up only if each carries what arrived during the one before: a
+// coalescer that kept Checks of one budget apart by their arrival fell
+// behind until Checks expired in its queue. ns/op is the offered interval,
+// not a speed. Run:
+//
+//	go test -tags vtprotobuf -run '^$' -bench CheckBehindLatency -benchtime 10000x ./pkg/redisbackend
+func BenchmarkCheckBehindLatency(b *testing.B) {
+	b.Run("budget=25ms", func(b *testing.B) { benchBehindLatency(b, 25*time.Millisecond, 25*time.Millisecond) })
+	b.Run("budgets=25ms+100ms", func(b *testing.B) { benchBehindLatency(b, 25*time.Millisecond, 100*time.Millisecond) })
+}
+
+// benchBehindLatency is BenchmarkCheckBehindLatency with deadlines of even
+// and odd for the even and odd Checks.
+func benchBehindLatency(b *testing.B, even, odd time.Duration) {
+	const (
+		interval = 200 * time.Microsecond
+		delay    = 3 * time.Millisecond
+	)
+	r := testenv.RedisServer(b)
+	p := newDelayProxy(b, r.Addr, delay)
+	be := openBackend(b, Options{URL: "redis://" + p.addr(), KeyPrefix: "lat:", Timeout: testTimeout})
+	req := []limiter.Request{{Key: key("lat", "a"), Limit: limiter.Limit{Requests: 1 << 30, Window: time.Hour}, Hits: 1}}
+	if err := be.Check(context.Background(), req, make([]limiter.Result, 1)); err != nil { // load the library
+		b.Fatal(err)
+	}
+	var failed atomic.Int64
+	var wg sync.WaitGroup
+	calls := be.CallStats().Calls
+	b.ResetTimer()
+	start := time.Now()
+	i := 0
+	for b.Loop() {
+		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
+			time.Sleep(d)
+		}
+		budget := even
+		if i%2 == 1 {
+			budget = odd
+		}
+		i++
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), budget)
+			defer cancel()
+			res := make([]limiter.Result, 1)
+			if err := be.Check(ctx, req, res); err != nil {
+				failed.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	b.StopTimer()
+	n := float64(b.N)
+	b.ReportMetric(100*float64(failed.Load())/n, "%failed")
+	if c := be.CallStats().Calls - calls; c > 0 {
+		b.ReportMetric(n/float64(c), "checks/call")
+	}
+}
