@@ -138,3 +138,62 @@ func TestExactRangeBoundaries(t *testing.T) {
 		})
 	}
 }
+
+// TestTokenBucketRetryAfterAtTheTop: a token bucket whose burst × window is
+// just below 2^53, emptied by its whole burst, denies one hit a millisecond
+// later with the Retry-After of pkg/algorithm (the reference model, whose
+// results every Check must match), to the millisecond: the hit is denied
+// one millisecond before that and admitted then. Before, the script
+// computed the Retry-After as ceil((rel + c·W − B·W) / L) in doubles, and
+// rel + c·W, beyond 2^53, rounded to even: 7 a day with a burst of
+// 104,249,991 said 12,342,856 ms where 12,342,857 is exact (admitted too
+// early), 1 per 999 ms with the largest burst said 999 ms for 998.
+func TestTokenBucketRetryAfterAtTheTop(t *testing.T) {
+	r := testenv.RedisServer(t)
+	const ms = time.Millisecond
+	for _, c := range []struct {
+		name  string
+		limit limiter.Limit
+		retry time.Duration // of one hit, 1 ms after the burst
+	}{
+		{"7 a day, burst 104,249,991", limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 7, Burst: limiter.MaxExact / 86_400_000, Window: 24 * time.Hour}, 12_342_857 * ms},
+		{"1 per 999 ms, burst 9,016,215,470,211", limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 1, Burst: limiter.MaxExact / 999, Window: 999 * ms}, 998 * ms},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if err := descriptors.Countable(c.limit); err != nil {
+				t.Fatalf("the configuration refuses %+v: %v", c.limit, err)
+			}
+			clock := limitertest.NewClock(time.UnixMilli(1_767_225_600_000))
+			b := newSingle(t, r, t.Name()+":", clock.Now)
+			model := limitertest.NewModel()
+			check := func(hits uint64) limiter.Result {
+				t.Helper()
+				reqs := []limiter.Request{{Key: key("bucket"), Limit: c.limit, Hits: hits}}
+				res := make([]limiter.Result, 1)
+				if err := b.Check(context.Background(), reqs, res); err != nil {
+					t.Fatalf("Check of %d hits: %v", hits, err)
+				}
+				want, _ := model.Check(clock.Millis(), reqs, false)
+				if res[0] != want[0] {
+					t.Errorf("%d hits at %d ms: Redis decided %+v, pkg/algorithm %+v", hits, clock.Millis(), res[0], want[0])
+				}
+				return res[0]
+			}
+			if res := check(c.limit.Capacity()); !res.Allowed || res.Remaining != 0 {
+				t.Fatalf("the whole burst: %+v, want admitted, none remaining", res)
+			}
+			clock.Advance(ms)
+			if res := check(1); res.Allowed || res.RetryAfter != c.retry {
+				t.Fatalf("one hit 1 ms later: %+v, want denied with Retry-After %v", res, c.retry)
+			}
+			clock.Advance(c.retry - ms)
+			if res := check(1); res.Allowed {
+				t.Errorf("one hit admitted 1 ms before its Retry-After: %+v", res)
+			}
+			clock.Advance(ms)
+			if res := check(1); !res.Allowed {
+				t.Errorf("one hit denied at its Retry-After: %+v", res)
+			}
+		})
+	}
+}

@@ -15,7 +15,11 @@
 -- instant it decided at) as a fourth entry, which store uses as the expiry.
 --
 -- Exactness: B·W < 2^53 (checked in Go). Rescaling after a change of L is
--- exact while (Debt mod Per)·L < 2^53.
+-- exact while (Debt mod Per)·L < 2^53. Every figure is exact while the debt
+-- at now (rel, in ticks) is below 2^53, which it always is but after the
+-- clock stepped back (rel = Debt + (At − now)·L) or L grew; beyond it, the
+-- decision still is (rel > B·W: denied), Reset and Retry-After may be a
+-- millisecond off.
 
 local token_bucket = {string_state = true} -- read with MGET
 
@@ -83,7 +87,10 @@ function token_bucket.decide(s, now, w, l, cap, c, consume)
       rel = rel + cw
     end
   else
-    retry = cdiv(rel + cw - tau, l)
+    -- ceil((rel + cw - tau) / l), with tau - rel first: rel + cw may pass
+    -- 2^53 and round (B·W just below it), tau - rel and the difference
+    -- (at most max(cw, rel)) are exact while rel is.
+    retry = cdiv(cw - (tau - rel), l)
   end
   local rem = 0
   if rel < tau then
