@@ -52,6 +52,12 @@ type Backend struct {
 	// calls counts check script calls sent, checks the Checks they
 	// decided (see CallStats).
 	calls, checks atomic.Uint64
+	// tryAgainRetries bounds the resends of a call that Redis Cluster
+	// refused with TRYAGAIN (defaultTryAgainRetries; tests change it
+	// before the first Check); tryAgains counts the resends. See
+	// "Resending after TRYAGAIN" in cluster.go.
+	tryAgainRetries int
+	tryAgains       atomic.Uint64
 
 	// co coalesces concurrent Checks into shared calls (single node and
 	// Sentinel, unless Options.Senders < 0); nil means every Check is a
@@ -112,6 +118,8 @@ func newBackend(c redis.UniversalClient, opts Options) (*Backend, error) {
 		now:     opts.Now,
 		scripts: s,
 		loadSem: make(chan struct{}, 1),
+
+		tryAgainRetries: defaultTryAgainRetries,
 	}
 	b.functions.Store(!opts.DisableFunctions)
 	if b.prefix == "" {
@@ -239,12 +247,18 @@ type CallStats struct {
 	SpareCalls uint64
 	// RefundErrors is RefundErrors().
 	RefundErrors uint64
+	// TryAgainRetries is the number of script calls (checks and Cluster
+	// refunds) sent again because Redis Cluster refused them with
+	// TRYAGAIN, without running them, while their hash slot migrated
+	// (see "Resending after TRYAGAIN" in cluster.go). Calls counts a
+	// call once however often it was sent.
+	TryAgainRetries uint64
 }
 
 // CallStats returns the counters of checks and calls. Checks/Calls is the
 // average number of Checks a coalesced call carried.
 func (b *Backend) CallStats() CallStats {
-	st := CallStats{Checks: b.checks.Load(), Calls: b.calls.Load(), RefundErrors: b.refundErrors.Load()}
+	st := CallStats{Checks: b.checks.Load(), Calls: b.calls.Load(), RefundErrors: b.refundErrors.Load(), TryAgainRetries: b.tryAgains.Load()}
 	if b.co != nil {
 		st.SpareCalls = b.co.spares.Load()
 	}
@@ -563,11 +577,24 @@ func (b *Backend) call(ctx context.Context, reqs []limiter.Request, idx []int, r
 // when the server does not have it (a restart without persistence, FUNCTION
 // FLUSH) and falling back to scripts for good when the server has no
 // Functions; otherwise with EVALSHA, and with EVAL when Redis does not know
-// the script yet, as redis.Script.Run does. Every retry here follows an
+// the script yet, as redis.Script.Run does; and it sends the call again,
+// after a wait, when Redis Cluster refused it with TRYAGAIN (see
+// "Resending after TRYAGAIN" in cluster.go). Every retry here follows an
 // error that Redis returns before running anything, so no check is ever
 // counted twice. keys and argv must stay unchanged until the returned
 // command has been read.
 func (b *Backend) runCheck(ctx context.Context, bt *batch, keys, argv []string, flags any) *redis.StringCmd {
+	for n := 0; ; n++ {
+		cmd := b.runCheckOnce(ctx, bt, keys, argv, flags)
+		if !isTryAgain(cmd.Err()) || !b.tryAgainWait(ctx, n) {
+			return cmd
+		}
+		b.tryAgains.Add(1)
+	}
+}
+
+// runCheckOnce is runCheck without the resends after TRYAGAIN.
+func (b *Backend) runCheckOnce(ctx context.Context, bt *batch, keys, argv []string, flags any) *redis.StringCmd {
 	if b.functions.Load() {
 		loads := b.loads.Load()
 		cmd := b.sendScript(ctx, bt, "fcall", b.scripts.checkFn, keys, argv, flags)
@@ -636,7 +663,10 @@ func appendCheckArgs(dst []any, verb, script any, keys, argv []string, flags any
 // retry (MaxRetries −1), but a Cluster client resends after a connection
 // error on its own (up to MaxRedirects times, whatever MaxRetries says), and
 // a client given to NewFromClient may retry. Redirections (MOVED, ASK) are
-// still followed: a redirected command did not run.
+// still followed: a redirected command did not run. Neither did one refused
+// with TRYAGAIN, which go-redis does not resend when it is noRetry:
+// envoy-rls resends it itself (see "Resending after TRYAGAIN" in
+// cluster.go).
 type noRetry struct{ *redis.StringCmd }
 
 // NoRetry implements redis.Cmder.

@@ -6,8 +6,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
+	"github.com/redis/go-redis/v9"
 )
 
 // slotCall is the part of a Cluster batch that lives in one hash slot.
@@ -19,6 +21,64 @@ type slotCall struct {
 	committed bool
 	err       error
 	reply     string // a coalesced call's reply, decoded by its caller
+}
+
+// Resending after TRYAGAIN
+//
+// While a hash slot migrates from one master to another (resharding:
+// CLUSTER SETSLOT IMPORTING and MIGRATING, then MIGRATE of the slot's keys,
+// then CLUSTER SETSLOT NODE), a script call whose keys are split between the
+// two nodes (two counters of one slot, one moved and the other not) is
+// refused with TRYAGAIN, by the source, or by the target when go-redis
+// followed an ASK redirection there. Redis refuses it before running
+// anything, so sending it again cannot count twice; but go-redis resends no
+// noRetry command, and the Check would fail for the milliseconds the slot's
+// last keys take to move, its rules' failure modes deciding. envoy-rls resends
+// such calls itself, checks and refunds, pipelined or not: only the calls
+// refused with TRYAGAIN (never one that failed on the network or timed out),
+// after tryAgainBackoff, doubling up to tryAgainMaxBackoff, at most
+// Backend.tryAgainRetries times, and not when the wait would end at or past
+// the call's deadline. A call still refused then fails as any other, with
+// limiter.ErrUnavailable. CallStats.TryAgainRetries counts the resends.
+
+// Resending after TRYAGAIN: the defaults.
+const (
+	// defaultTryAgainRetries bounds the resends of one call after TRYAGAIN
+	// (Backend.tryAgainRetries): waits of 1, 2, 4 and 8 ms, 15 ms in all,
+	// within Envoy's default 20 ms rate-limit timeout.
+	defaultTryAgainRetries = 4
+	// tryAgainBackoff is the wait before the first resend after TRYAGAIN;
+	// it doubles with each resend, up to tryAgainMaxBackoff.
+	tryAgainBackoff    = time.Millisecond
+	tryAgainMaxBackoff = 8 * time.Millisecond
+)
+
+// isTryAgain reports whether Redis Cluster refused a call with TRYAGAIN (a
+// multi-key call during a slot's migration), before running it.
+func isTryAgain(err error) bool {
+	return err != nil && redis.IsTryAgainError(err)
+}
+
+// tryAgainWait waits before the resend n (from 0) of a call that Redis
+// refused with TRYAGAIN, and reports whether to resend it: false at once
+// when b.tryAgainRetries resends have been made or when the wait would end
+// at or past ctx's deadline, false when ctx ends during the wait.
+func (b *Backend) tryAgainWait(ctx context.Context, n int) bool {
+	if n >= b.tryAgainRetries {
+		return false
+	}
+	d := min(tryAgainBackoff<<min(n, 16), tryAgainMaxBackoff)
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Add(d).Before(dl) {
+		return false
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // checkCluster splits the batch by hash slot and runs one check script per
@@ -36,7 +96,8 @@ type slotCall struct {
 // counted, again an over-count, never an over-admission. Neither script is
 // ever resent by go-redis after a network error (see noRetry): a check run
 // twice would over-count, and a refund run twice would over-admit. Failed
-// refunds are counted in RefundErrors.
+// refunds are counted in RefundErrors. Calls refused with TRYAGAIN, which
+// did not run, are resent (see "Resending after TRYAGAIN").
 func (b *Backend) checkCluster(ctx context.Context, reqs []limiter.Request, results []limiter.Result) error {
 	calls := b.groupBySlot(reqs)
 	if len(calls) == 1 {
@@ -242,14 +303,23 @@ func (b *Backend) refundOrder(reqs []limiter.Request, c *slotCall, results []lim
 
 // refund runs the refund o. refund.lua is never resent by go-redis
 // (sendScript): a refund that ran twice would take back twice the hits and
-// let later Checks past the limit.
+// let later Checks past the limit. It is resent here only when Redis
+// refused it without running it: NOSCRIPT, and TRYAGAIN (see "Resending
+// after TRYAGAIN").
 func (b *Backend) refund(ctx context.Context, o *refundOrder) error {
 	bt := b.scratch.Get().(*batch)
 	defer b.scratch.Put(bt)
 	defer clear(bt.cmd)
-	cmd := b.sendScript(ctx, bt, "evalsha", b.scripts.refund.Hash(), o.keys, o.specs, o.now)
-	if isNoScript(cmd.Err()) {
-		cmd = b.sendScript(ctx, bt, "eval", b.scripts.refundSrc, o.keys, o.specs, o.now)
+	var cmd *redis.StringCmd
+	for n := 0; ; n++ {
+		cmd = b.sendScript(ctx, bt, "evalsha", b.scripts.refund.Hash(), o.keys, o.specs, o.now)
+		if isNoScript(cmd.Err()) {
+			cmd = b.sendScript(ctx, bt, "eval", b.scripts.refundSrc, o.keys, o.specs, o.now)
+		}
+		if !isTryAgain(cmd.Err()) || !b.tryAgainWait(ctx, n) {
+			break
+		}
+		b.tryAgains.Add(1)
 	}
 	if err := cmd.Err(); err != nil {
 		return unavailable(ctx, "refund script", err)

@@ -97,7 +97,8 @@ import (
 // answered by its rule's failure mode; groups the script decided before the
 // error keep what they counted, as with a lost reply. Never an
 // over-admission: at worst hits counted for callers who were told the store
-// failed.
+// failed. (A Cluster call refused with TRYAGAIN, which did not run, is sent
+// again first: see "Resending after TRYAGAIN" in cluster.go.)
 
 // Defaults of the coalescing options.
 const (
@@ -801,7 +802,8 @@ func splitReply(v string, err error, alt bool, parts []part) {
 
 // sendPipelined makes the calls of the Cluster jobs live in one pipeline:
 // go-redis sends each node its calls together and reads their replies
-// together, in parallel across the nodes, following MOVED and ASK. The
+// together, in parallel across the nodes, following MOVED and ASK; the
+// calls refused with TRYAGAIN go again in another pipeline. The
 // groups of one hash slot (with the same flags) go in one call, in queue
 // order, as on a single node: Redis decides them one after the other, each
 // atomically, and reads and writes a counter they share once. It delivers
@@ -841,17 +843,27 @@ func (c *coalescer) sendPipelined(ctx context.Context, bt *batch, live []*job) {
 		}
 	}
 	bt.pipe = cmds
-	_, _ = b.cluster.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for k := range cmds {
-			pc := &cmds[k]
-			pc.args = appendCheckArgs(pc.args[:0], verb, script, pc.keys, pc.argv, b.flags[btoi(pc.alt)])
-			pc.cmd = redis.NewStringCmd(ctx, pc.args...)
-			pc.cmd.SetFirstKeyPos(3)
-			_ = p.Process(ctx, noRetry{pc.cmd})
-		}
-		return nil
-	})
+	for k := range cmds {
+		pc := &cmds[k]
+		pc.args = appendCheckArgs(pc.args[:0], verb, script, pc.keys, pc.argv, b.flags[btoi(pc.alt)])
+	}
+	b.pipeline(ctx, cmds, false)
 	b.calls.Add(uint64(len(cmds)))
+	// The calls refused with TRYAGAIN did not run: they go again, together,
+	// after a wait (see "Resending after TRYAGAIN" in cluster.go).
+	for n := 0; ; n++ {
+		again := 0
+		for k := range cmds {
+			if isTryAgain(cmds[k].cmd.Err()) {
+				again++
+			}
+		}
+		if again == 0 || !b.tryAgainWait(ctx, n) {
+			break
+		}
+		b.tryAgains.Add(uint64(again))
+		b.pipeline(ctx, cmds, true)
+	}
 	for k := range cmds {
 		pc := &cmds[k]
 		v, err := pc.cmd.Result()
@@ -870,6 +882,24 @@ func (c *coalescer) sendPipelined(ctx context.Context, bt *batch, live []*job) {
 	for _, j := range live {
 		c.deliver(j, nil)
 	}
+}
+
+// pipeline sends the calls cmds, whose arguments are built, in one Cluster
+// pipeline, each as a new noRetry command; with again, only those whose
+// command was refused with TRYAGAIN.
+func (b *Backend) pipeline(ctx context.Context, cmds []pipeCall, again bool) {
+	_, _ = b.cluster.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for k := range cmds {
+			pc := &cmds[k]
+			if again && !isTryAgain(pc.cmd.Err()) {
+				continue
+			}
+			pc.cmd = redis.NewStringCmd(ctx, pc.args...)
+			pc.cmd.SetFirstKeyPos(3)
+			_ = p.Process(ctx, noRetry{pc.cmd})
+		}
+		return nil
+	})
 }
 
 // pipeCall is one call of a Cluster pipeline (sendPipelined): the groups of

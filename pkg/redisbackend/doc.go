@@ -34,6 +34,9 @@
 // (refund.lua). Between the two calls other requests may see the extra count
 // and be denied although they would have been admitted; the refund never
 // admits more than the limit, so the transient error only ever under-admits.
+// While a hash slot migrates, a call whose keys are split between the two
+// masters is refused with TRYAGAIN before it runs, and is sent again after
+// a short wait, a few times within its deadline (see cluster.go).
 //
 // See keys.go for the key format. Failures to reach Redis or to decide
 // (network errors, timeouts, the context's deadline, CLUSTERDOWN, LOADING,

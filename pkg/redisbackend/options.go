@@ -182,9 +182,12 @@ func validatePrefix(p string) error {
 // Automatic retries are off (MaxRetries −1): a script whose reply was lost
 // may already have consumed, so running it again would count twice. A failed
 // call is reported as limiter.ErrUnavailable instead and the fail-soft layer
-// decides. The Cluster client still follows MOVED/ASK/TRYAGAIN redirections
+// decides. The Cluster client still follows MOVED/ASK redirections
 // (MaxRedirects, go-redis's default 3), which is safe because a redirected
-// command did not run. Deadlines of the context apply to the network I/O
+// command did not run; a script call refused with TRYAGAIN, which did not
+// run either, is resent by the backend itself (see "Resending after
+// TRYAGAIN" in cluster.go), since go-redis does not resend noRetry
+// commands. Deadlines of the context apply to the network I/O
 // (ContextTimeoutEnabled). A refused dial is not retried (DialerRetries 1;
 // go-redis's default of 5 with backoff would turn a refused connection into
 // a timeout that uses up the caller's deadline): the circuit breaker above
