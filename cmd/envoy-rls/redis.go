@@ -72,7 +72,7 @@ func openRedisStore(ctx context.Context, o storeOptions, log *slog.Logger, m *me
 	}
 	if err := m.RedisCalls(func() metrics.RedisCallStats {
 		st := rb.CallStats()
-		return metrics.RedisCallStats{Checks: st.Checks, Calls: st.Calls, SpareCalls: st.SpareCalls, RefundErrors: st.RefundErrors}
+		return metrics.RedisCallStats{Checks: st.Checks, Calls: st.Calls, SpareCalls: st.SpareCalls, RefundErrors: st.RefundErrors, TryAgainRetries: st.TryAgainRetries}
 	}); err != nil {
 		return nil, err
 	}

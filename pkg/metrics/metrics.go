@@ -265,6 +265,7 @@ func (m *Metrics) DenyCache(stats func() DenyCacheStats) error {
 type RedisCallStats struct {
 	Checks, Calls, SpareCalls uint64
 	RefundErrors              uint64
+	TryAgainRetries           uint64
 }
 
 // RedisCalls exports the Redis backend's counters of checks and script
@@ -287,6 +288,10 @@ func (m *Metrics) RedisCalls(stats func() RedisCallStats) error {
 			Name: "envoy_rls_redis_refund_errors_total",
 			Help: "Cluster refunds that failed: a request one hash slot denied (or that failed on one) keeps the hits another slot counted until its window ends. Never an over-admission.",
 		}, func() float64 { return float64(stats().RefundErrors) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "envoy_rls_redis_tryagain_retries_total",
+			Help: "Script calls sent again because Redis Cluster refused them with TRYAGAIN (their keys split between two masters while a hash slot migrated; nothing ran): a resharding in progress.",
+		}, func() float64 { return float64(stats().TryAgainRetries) }),
 	)
 }
 
