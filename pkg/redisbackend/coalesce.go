@@ -72,9 +72,9 @@ import (
 // Deadlines: a Check's deadline is the soonest of its context's,
 // Options.Timeout from its start and the one CheckBy was given, and a call is
 // bounded by the earliest deadline of its groups, so that nobody waits past
-// their own, and carries only groups whose time budgets are close to its
-// leader's (sameClass), so that nobody is failed by a much shorter
-// deadline than their own; no context is derived per Check. A Check still queued at its
+// their own, and carries only groups whose deadlines are not much earlier or
+// later than its leader's (mayJoin), so that nobody is failed by a much
+// shorter deadline than their own; no context is derived per Check. A Check still queued at its
 // deadline is answered then by a timer of the coalescer's (expireQueued),
 // armed for the earliest deadline in the queue, and nothing of it is sent.
 // A caller whose context ends while its group is queued takes it back
@@ -130,8 +130,7 @@ type job struct {
 	one       slotCall
 	slotCalls []slotCall // on a Cluster, the calls' structs, kept for the next Check
 	ctx       context.Context
-	deadline  time.Time     // zero: none
-	budget    time.Duration // the time to deadline when the Check began
+	deadline  time.Time // zero: none
 	// kept is a copy of the Check's requests, made by a caller that stops
 	// waiting while its Cluster Check of several slot calls is in a call,
 	// for the leader to settle it (settleAbandoned).
@@ -245,10 +244,7 @@ var errClosed = errors.New("redisbackend: closed")
 func (c *coalescer) check(ctx context.Context, deadline time.Time, reqs []limiter.Request, results []limiter.Result) error {
 	j := c.pool.Get().(*job)
 	j.encode(c.b, reqs)
-	j.ctx, j.deadline, j.budget = ctx, deadline, 0
-	if !deadline.IsZero() {
-		j.budget = time.Until(deadline)
-	}
+	j.ctx, j.deadline = ctx, deadline
 	j.state.Store(jobPending)
 	c.mu.Lock()
 	if c.closed {
@@ -450,6 +446,7 @@ func (c *coalescer) lead(bt *batch, first *job) {
 	}
 	jobs := append(bt.jobs[:0], first)
 	n := first.nkeys()
+	now := time.Now()
 	kept := 0 // the queued jobs left for a later call, moved to the front
 	for i, q := range c.queue {
 		k := q.nkeys()
@@ -457,7 +454,7 @@ func (c *coalescer) lead(bt *batch, first *job) {
 			kept += copy(c.queue[kept:], c.queue[i:])
 			break
 		}
-		if !sameClass(first, q) {
+		if !mayJoin(first, q, now) {
 			c.queue[kept] = q
 			kept++
 			continue
@@ -469,47 +466,51 @@ func (c *coalescer) lead(bt *batch, first *job) {
 	clear(c.queue[kept:])
 	c.queue = c.queue[:kept]
 	if kept > 0 {
-		// Jobs of another deadline class were left queued: an idle
-		// slot, if one may start a call, goes to the oldest of them.
-		now := c.clock()
-		if idle := c.takeIdle(now); idle != nil {
-			c.lendHead(idle, now)
+		// Jobs that may not join were left queued: an idle slot, if one
+		// may start a call, goes to the oldest of them.
+		at := c.clock()
+		if idle := c.takeIdle(at); idle != nil {
+			c.lendHead(idle, at)
 		}
 	}
 	c.mu.Unlock()
 	bt.jobs = jobs
 	c.send(bt, jobs)
 	clear(bt.jobs)
-	now := c.clock()
+	at := c.clock()
 	c.mu.Lock()
-	c.pass(bt, now)
+	c.pass(bt, at)
 	c.mu.Unlock()
 }
 
-// deadlineSlack is how far apart the time budgets of the Checks of one
-// coalesced call may be, at least (see sameClass).
+// deadlineSlack is how much earlier than its leader's a deadline in a
+// coalesced call may be (see mayJoin).
 const deadlineSlack = time.Millisecond
 
-// sameClass reports whether the Checks of jobs a and b may share a call:
-// neither has a deadline, or their budgets (the time each had to its
-// deadline when it began) are within deadlineSlack or an eighth of the
-// longer one. A call is bounded by the earliest deadline of its Checks, so
-// that nobody waits past their own; a Check with a long budget would
-// otherwise fail whenever the call overran the deadline of one with a short
-// one (a gateway with a shorter timeout). Checks of one budget share calls
-// whenever they arrived, as before classes: the leader, the oldest, has the
-// earliest deadline, and the others lose only their time in the queue. (A
-// class by absolute deadline would carry about a millisecond of arrivals
-// per call, and with calls slower than that the queue would fall behind.)
-func sameClass(a, b *job) bool {
-	if a.deadline.IsZero() || b.deadline.IsZero() {
-		return a.deadline.IsZero() == b.deadline.IsZero()
+// mayJoin reports whether the Check of queued job q may share the call that
+// the Check of job first leads from now. Neither has a deadline; or q's is
+// no more than deadlineSlack earlier than first's, and no later than
+// first's by more than the time first has left (R, at least
+// deadlineSlack). A call is bounded by the earliest deadline of its Checks,
+// so that nobody waits past their own; so the call ends no earlier than
+// deadlineSlack before its leader's deadline, and it fails a Check with
+// time left only when Redis took longer than R, while that Check had at
+// most 2R left: a Check is failed by a call-mate's deadline only when Redis
+// took more than half the time it had itself. Checks of one budget (a
+// gateway's timeout) share calls as long as the leader, the oldest, has
+// more time left than the queue is long (about a call's round trip while
+// Redis keeps up), so that the calls carry every Check that arrived during
+// the one before and keep up with a slow Redis; a leader that spent most
+// of its time in the queue, when Redis is slower than that, carries only
+// the Checks about as close to their deadlines as it is. A Check of another
+// timeout (a gateway with a longer or shorter one), or one that arrived
+// well after a stale leader, waits for a call of its own.
+func mayJoin(first, q *job, now time.Time) bool {
+	if first.deadline.IsZero() || q.deadline.IsZero() {
+		return first.deadline.IsZero() == q.deadline.IsZero()
 	}
-	d := a.budget - b.budget
-	if d < 0 {
-		d = -d
-	}
-	return d <= deadlineSlack || d*8 <= max(a.budget, b.budget)
+	d := q.deadline.Sub(first.deadline)
+	return d >= -deadlineSlack && d <= max(deadlineSlack, first.deadline.Sub(now))
 }
 
 // pass lends slot bt, out of the idle ones, to the oldest queued job, whose
@@ -685,7 +686,7 @@ func (c *coalescer) put(j *job) {
 	}
 	j.one = slotCall{}
 	clear(j.kept)
-	j.ctx, j.err, j.deadline, j.budget, j.kept = nil, nil, time.Time{}, 0, j.kept[:0]
+	j.ctx, j.err, j.deadline, j.kept = nil, nil, time.Time{}, j.kept[:0]
 	c.pool.Put(j)
 }
 

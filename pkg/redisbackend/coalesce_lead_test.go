@@ -373,9 +373,9 @@ func TestSpareTimerRearmedAfterLending(t *testing.T) {
 	}
 }
 
-// TestCoalescedDeadlineClasses: a call carries only Checks whose time
-// budgets are close to its leader's, so that a Check with time left is not
-// failed by a call-mate's short deadline. Redis is stopped while a
+// TestCoalescedDeadlineClasses: a call carries only Checks whose deadlines
+// are not much later than its leader's (mayJoin), so that a Check with time
+// left is not failed by a call-mate's short deadline. Redis is stopped while a
 // leader with 300 ms left sends its call: the queued Check whose deadline
 // is as near shares the call and its failure; the one with the test's
 // whole timeout is left queued, is lent the slot when the call ends, and
@@ -392,7 +392,7 @@ func TestCoalescedDeadlineClasses(t *testing.T) {
 	newJob := func(deadline time.Time) *job {
 		j := c.pool.Get().(*job)
 		j.encode(b, req)
-		j.ctx, j.deadline, j.budget = context.Background(), deadline, time.Until(deadline)
+		j.ctx, j.deadline = context.Background(), deadline
 		j.state.Store(jobPending)
 		return j
 	}
@@ -447,8 +447,8 @@ func TestCoalescedDeadlineClasses(t *testing.T) {
 	}
 }
 
-// TestCoalescedDeadlineClassIdleSlot: a Check a leader leaves queued for
-// its deadline class is lent an idle slot at once, rather than wait for the
+// TestCoalescedDeadlineClassIdleSlot: a Check a leader leaves queued (it
+// may not join the leader's call) is lent an idle slot at once, rather than wait for the
 // leader's call to end: with two slots and Redis stopped, it leads on the
 // other slot while the short call is still held.
 func TestCoalescedDeadlineClassIdleSlot(t *testing.T) {
@@ -459,7 +459,7 @@ func TestCoalescedDeadlineClassIdleSlot(t *testing.T) {
 	newJob := func(deadline time.Time) *job {
 		j := c.pool.Get().(*job)
 		j.encode(b, req)
-		j.ctx, j.deadline, j.budget = context.Background(), deadline, time.Until(deadline)
+		j.ctx, j.deadline = context.Background(), deadline
 		j.state.Store(jobPending)
 		return j
 	}
@@ -497,13 +497,14 @@ func TestCoalescedDeadlineClassIdleSlot(t *testing.T) {
 	}
 }
 
-// TestCoalescedBudgetClassSharesCalls: Checks of one time budget share a
+// TestCoalescedCallCarriesLaterArrivals: Checks of one timeout share a
 // call however far apart they arrived (here 5 ms and 50 ms after the
-// leader), as coalescing needs when calls take longer than the arrivals'
-// spacing: a class by absolute deadline carried about a millisecond of
-// arrivals per call, and behind a Redis 3 ms away the queue fell behind
-// until Checks expired in it (a review's measurement: 60% failed).
-func TestCoalescedBudgetClassSharesCalls(t *testing.T) {
+// leader, which has 10 s left), as coalescing needs when calls take longer
+// than the arrivals' spacing: a class by absolute deadline (within 1 ms of
+// the leader's) carried about a millisecond of arrivals per call, and
+// behind a Redis 3 ms away the queue fell behind until Checks expired in it
+// (BenchmarkCheckBehindLatency: 95% failed).
+func TestCoalescedCallCarriesLaterArrivals(t *testing.T) {
 	r := testenv.RedisServer(t)
 	b := newOneSlot(t, r)
 	c := b.co
@@ -514,7 +515,7 @@ func TestCoalescedBudgetClassSharesCalls(t *testing.T) {
 	for i, arrived := range []time.Duration{0, 5 * time.Millisecond, 50 * time.Millisecond} {
 		j := c.pool.Get().(*job)
 		j.encode(b, req)
-		j.ctx, j.deadline, j.budget = context.Background(), now.Add(arrived+budget), budget
+		j.ctx, j.deadline = context.Background(), now.Add(arrived+budget)
 		j.state.Store(jobPending)
 		jobs[i] = j
 	}
@@ -528,8 +529,14 @@ func TestCoalescedBudgetClassSharesCalls(t *testing.T) {
 	c.lead(bt, jobs[0]) // returns without c.mu
 	for i, j := range jobs {
 		<-j.done
-		if j.lead != nil {
-			t.Fatalf("Check %d was left queued and lent the slot, want it carried by the leader's call", i)
+		if lent := j.lead; lent != nil {
+			// Hand the slot back, so that Close does not wait for it.
+			j.lead = nil
+			c.mu.Lock()
+			c.pass(lent, c.clock())
+			c.mu.Unlock()
+			t.Errorf("Check %d was left queued and lent the slot, want it carried by the leader's call", i)
+			continue
 		}
 		res := make([]limiter.Result, 1)
 		if err := b.finish(context.Background(), j.deadline, req, j.calls, res); err != nil || !res[0].Allowed {
@@ -541,5 +548,88 @@ func TestCoalescedBudgetClassSharesCalls(t *testing.T) {
 	}
 	for _, j := range jobs {
 		c.put(j)
+	}
+}
+
+// TestCoalescedCallEndsNoEarlierThanItsLeader: a Check whose deadline is
+// earlier than the leader's (a gateway with a shorter timeout that arrived
+// meanwhile) does not join its call, which would then end at that earlier
+// deadline and fail the leader with time left. With one slot and Redis
+// stopped, the leader's call (800 ms left) ends at the leader's own
+// deadline, and the Check with 700 ms left is answered from the queue at
+// its deadline, with nothing sent.
+func TestCoalescedCallEndsNoEarlierThanItsLeader(t *testing.T) {
+	r := testenv.RedisServer(t)
+	b := newOneSlot(t, r)
+	c := b.co
+	req := []limiter.Request{{Key: key(t.Name()), Limit: limiter.Limit{Requests: 100, Window: time.Hour}, Hits: 1}}
+	if err := b.Check(context.Background(), req, make([]limiter.Result, 1)); err != nil { // load the library
+		t.Fatal(err)
+	}
+	now := time.Now()
+	newJob := func(left time.Duration) *job {
+		j := c.pool.Get().(*job)
+		j.encode(b, req)
+		j.ctx, j.deadline = context.Background(), now.Add(left)
+		j.state.Store(jobPending)
+		return j
+	}
+	leader, shorter := newJob(800*time.Millisecond), newJob(700*time.Millisecond)
+	c.mu.Lock()
+	shorter.queued = true
+	c.queue = append(c.queue, shorter)
+	c.armExpiry(shorter.deadline)
+	bt := c.takeIdle(c.clock())
+	r.Pause()
+	t.Cleanup(r.Resume)
+	c.lead(bt, leader) // returns once the call has failed
+	ended := time.Now()
+	r.Resume()
+	<-leader.done
+	<-shorter.done
+	if ended.Before(leader.deadline.Add(-deadlineSlack)) {
+		t.Errorf("the leader's call ended %v before the leader's deadline: a call-mate's earlier deadline bounded it", leader.deadline.Sub(ended).Round(time.Millisecond))
+	}
+	if shorter.lead != nil || !errors.Is(shorter.err, context.DeadlineExceeded) {
+		t.Errorf("the Check with the earlier deadline: lent %v, error %v; want it answered from the queue at its deadline", shorter.lead != nil, shorter.err)
+	}
+	for _, j := range []*job{leader, shorter} {
+		c.put(j)
+	}
+}
+
+// TestMayJoin: which queued Checks may share the call of a leader with
+// 300 ms left (deadlines relative to now).
+func TestMayJoin(t *testing.T) {
+	now := time.Now()
+	at := func(d time.Duration) *job { return &job{deadline: now.Add(d)} }
+	none := &job{}
+	const left = 300 * time.Millisecond
+	leader := at(left)
+	for _, c := range []struct {
+		name   string
+		first  *job
+		q      *job
+		expect bool
+	}{
+		{"the same deadline", leader, at(left), true},
+		{"within the slack before it", leader, at(left - deadlineSlack), true},
+		{"earlier than the slack", leader, at(left - deadlineSlack - time.Microsecond), false},
+		{"later by the leader's time left", leader, at(2 * left), true},
+		{"later by more than the leader's time left", leader, at(2*left + time.Microsecond), false},
+		// A stale leader (it waited 300 of its 450 ms in the queue) and a
+		// Check of the same timeout that just arrived: apart.
+		{"a fresh Check behind a stale leader", at(150 * time.Millisecond), at(450 * time.Millisecond), false},
+		// A leader with almost nothing left still carries the Checks
+		// within the slack of its deadline.
+		{"a leader out of time, within the slack", at(-time.Millisecond), at(-time.Millisecond + deadlineSlack), true},
+		{"a deadline 50 years away", leader, at(50 * 365 * 24 * time.Hour), false},
+		{"no deadline behind a leader with one", leader, none, false},
+		{"a deadline behind a leader without", none, leader, false},
+		{"neither has a deadline", none, none, true},
+	} {
+		if got := mayJoin(c.first, c.q, now); got != c.expect {
+			t.Errorf("%s: mayJoin = %v, want %v", c.name, got, c.expect)
+		}
 	}
 }
