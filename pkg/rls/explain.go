@@ -146,7 +146,7 @@ func (s *Service) Explain(ctx context.Context, domain string, entries []descript
 		}
 		if el.Blocked {
 			// As ShouldRateLimit reports it (see unblock).
-			el.RetryAfterMS = el.WindowMS
+			el.ResetAfterMS, el.RetryAfterMS = el.WindowMS, el.WindowMS
 		} else {
 			reqs = append(reqs, limiter.Request{
 				Key:         explainKey(domain, l.ID, rule, entries, s.limits.MaxValueBytes),

@@ -175,7 +175,7 @@ descriptors:
 		t.Fatal(err)
 	}
 	l := ex.Limits[0]
-	if !l.Blocked || l.Allowed || l.Remaining != 0 || l.RetryAfterMS != time.Minute.Milliseconds() || !l.Shadow || ex.Code != "OK" {
+	if !l.Blocked || l.Allowed || l.Remaining != 0 || l.RetryAfterMS != time.Minute.Milliseconds() || l.ResetAfterMS != time.Minute.Milliseconds() || !l.Shadow || ex.Code != "OK" {
 		t.Errorf("blocked in global shadow: %+v, code %s", l, ex.Code)
 	}
 	var b strings.Builder

@@ -493,18 +493,20 @@ func beyond(hits uint64, l limiter.Limit) uint64 {
 }
 
 // unblock restores the reported limit of every blocked limit after Check:
-// zero requests, nothing remaining, whatever decided (a fallback or an
-// allow failure mode may have admitted the stand-in request; a blocked
-// limit is still reported as denied).
+// zero requests, nothing remaining, denied, and Retry-After and reset one
+// window, whatever decided the stand-in request. Its result is no answer
+// for a blocked limit: during an outage a deny failure mode (which an
+// allow one becomes, see plan) denies it for failsoft's DenyRetryAfter, a
+// second by default, and the reset a store or fallback reports is that of a
+// counter nothing is ever counted in. A blocked limit never opens, so one
+// window, as README promises, is the honest hint.
 func (sc *scratch) unblock() {
 	for k := range sc.meta {
 		if sc.meta[k].blocked {
 			q, r := &sc.reqs[k], &sc.res[k]
 			q.Limit.Requests = 0
-			r.Remaining = 0
-			if r.Allowed {
-				r.Allowed, r.RetryAfter = false, q.Limit.Window
-			}
+			w := q.Limit.Window
+			r.Allowed, r.Remaining, r.ResetAfter, r.RetryAfter = false, 0, w, w
 		}
 	}
 }

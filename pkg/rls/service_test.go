@@ -1197,10 +1197,11 @@ func TestSFString(t *testing.T) {
 }
 
 // TestBlockedLimit: requests_per_unit: 0, envoyproxy/ratelimit's way to
-// block a value, denies every request, reports a limit of 0, and consumes
-// nothing from the other limits of the request, whatever the blocked limit's
-// algorithm: a token bucket's burst, which sets its capacity, does not let
-// the stand-in request through either.
+// block a value, denies every request, reports a limit of 0 and Retry-After
+// and duration_until_reset of one window, and consumes nothing from the
+// other limits of the request, whatever the blocked limit's algorithm: a
+// token bucket's burst, which sets its capacity, does not let the stand-in
+// request through either.
 func TestBlockedLimit(t *testing.T) {
 	for _, blocked := range []string{
 		`{unit: minute, requests_per_unit: 0}`,
@@ -1230,6 +1231,11 @@ descriptors:
 				}
 				if ra, _ := header(resp, "Retry-After"); ra != "60" {
 					t.Errorf("request %d: Retry-After %q, want 60", i, ra)
+				}
+				// One window too, not the reset of the stand-in's counter
+				// (the rest of a fixed window, 0 for a token bucket).
+				if got := st.DurationUntilReset.AsDuration(); got != time.Minute {
+					t.Errorf("request %d: duration_until_reset %v, want one window (1m)", i, got)
 				}
 			}
 			// The blocked requests consumed nothing from per_user: 2 remain.
@@ -1290,6 +1296,49 @@ descriptors:
 			}
 			if resp := e.must(request("b", desc("user", user))); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
 				t.Errorf("per_user's fallback admitted a third request: %v", resp)
+			}
+		})
+	}
+}
+
+// TestBlockedLimitRetryAfterDuringOutage: while the store is down, a blocked
+// limit still answers Retry-After and duration_until_reset of one window,
+// whatever its failure mode, as README promises and as it does while the
+// store is up (a review's finding: the stand-in, sent with the deny mode
+// since a blocked limit must veto the fallback's batch, was answered with
+// failsoft's DenyRetryAfter of 1 s, which unblock left as it was because
+// it corrected only admitted stand-ins).
+func TestBlockedLimitRetryAfterDuringOutage(t *testing.T) {
+	fallback := memorybackend.New(memorybackend.Options{SweepInterval: -1})
+	t.Cleanup(func() { fallback.Close() })
+	lim, err := failsoft.New(failsoft.Options{
+		Primary:  failing{fmt.Errorf("redis: %w", limiter.ErrUnavailable)},
+		Fallback: fallback,
+		Breaker:  failsoft.BreakerOptions{ConsecutiveFailures: 1},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []string{"allow", "deny", "fallback"} {
+		t.Run(mode, func(t *testing.T) {
+			e := newEnv(t, map[string]string{"b.yaml": `
+domain: b
+descriptors:
+  - key: ip
+    value: 50.0.0.5
+    rate_limit: {unit: hour, requests_per_unit: 0, failure_mode: ` + mode + `}
+`}, Options{Limiter: lim})
+			resp := e.must(request("b", desc("ip", "50.0.0.5")))
+			st := resp.Statuses[0]
+			if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || st.Code != rlsv3.RateLimitResponse_OVER_LIMIT ||
+				st.CurrentLimit.GetRequestsPerUnit() != 0 || st.LimitRemaining != 0 {
+				t.Fatalf("blocked: %v", resp)
+			}
+			if got := st.DurationUntilReset.AsDuration(); got != time.Hour {
+				t.Errorf("duration_until_reset %v, want one window (1h); response %v", got, resp)
+			}
+			if ra, ok := header(resp, "Retry-After"); ra != "3600" {
+				t.Errorf("Retry-After %q (present: %t), want one window (3600)", ra, ok)
 			}
 		})
 	}
