@@ -155,15 +155,29 @@ func newBackend(c redis.UniversalClient, opts Options) (*Backend, error) {
 // would fill: each sender slot keeps a connection of it once it has sent,
 // and FUNCTION LOAD, Ping and the heartbeat need one more. The pool's size
 // is the client's own, whatever set it: --redis.pool-size, pool_size in
-// --redis.url, a caller's client (NewFromClient) or go-redis's default. A
-// Cluster's slots take connections from each node's pool per call.
+// --redis.url, a caller's client (NewFromClient) or go-redis's default; and
+// when go-redis also caps the connections open at once (max_active_conns in
+// --redis.url, or a caller's client's MaxActiveConns), the smaller of the
+// two, since past that cap go-redis makes every other call wait until a
+// slot's connection returns ("connection pool exhausted" at its pool
+// timeout). A Cluster's slots take connections from each node's pool per
+// call.
 func checkPool(c redis.UniversalClient, senders int) error {
 	rc, ok := c.(*redis.Client)
 	if !ok {
 		return nil
 	}
-	if p := rc.Options().PoolSize; senders >= p {
-		return fmt.Errorf("--redis.senders %d leaves no connection of the client's pool of %d (--redis.pool-size, or pool_size in --redis.url) for the other calls (function loads, pings, heartbeats): the pool must be larger than the senders", senders, p)
+	o := rc.Options()
+	p, set := o.PoolSize, "--redis.pool-size, or pool_size in --redis.url"
+	switch a := o.MaxActiveConns; {
+	case a <= 0 || a > p:
+	case a == p:
+		set += ", and max_active_conns in --redis.url"
+	default:
+		p, set = a, "max_active_conns in --redis.url or a caller's client, below its pool size of "+strconv.Itoa(o.PoolSize)
+	}
+	if senders >= p {
+		return fmt.Errorf("--redis.senders %d leaves no connection of the client's pool of %d (%s) for the other calls (function loads, pings, heartbeats): the pool must be larger than the senders", senders, p, set)
 	}
 	return nil
 }

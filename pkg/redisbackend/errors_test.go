@@ -42,6 +42,13 @@ func TestOptionsValidation(t *testing.T) {
 		{"pool_size in the url", Options{URL: "redis://x:1?pool_size=2"}, []string{fmt.Sprintf("--redis.senders %d leaves no connection of the client's pool of 2", DefaultSenders), "pool_size in --redis.url"}},
 		{"pool_size in the url over senders", Options{URL: "redis://x:1?pool_size=3"}, nil},
 		{"flag over pool_size in the url", Options{URL: "redis://x:1?pool_size=2", PoolSize: 3}, nil},
+		// go-redis caps the connections open at once with max_active_conns
+		// too: the senders must leave one of those free as well.
+		{"max_active_conns in the url", Options{URL: "redis://x:1?max_active_conns=2"}, []string{fmt.Sprintf("--redis.senders %d leaves no connection of the client's pool of 2", DefaultSenders), "max_active_conns in --redis.url"}},
+		{"max_active_conns under the flag's pool", Options{URL: "redis://x:1?max_active_conns=2", PoolSize: 8}, []string{"leaves no connection of the client's pool of 2", "max_active_conns in --redis.url", "below its pool size of 8"}},
+		{"max_active_conns equal to pool_size", Options{URL: "redis://x:1?pool_size=2&max_active_conns=2"}, []string{"leaves no connection of the client's pool of 2", "pool_size in --redis.url, and max_active_conns"}},
+		{"max_active_conns over pool_size", Options{URL: "redis://x:1?pool_size=2&max_active_conns=8"}, []string{"leaves no connection of the client's pool of 2 (--redis.pool-size, or pool_size in --redis.url)"}},
+		{"max_active_conns in the url over senders", Options{URL: "redis://x:1?max_active_conns=3"}, nil},
 		{"sentinel pool", Options{SentinelAddrs: []string{"a:1"}, SentinelMaster: "m", PoolSize: 2}, []string{"leaves no connection of the client's pool of 2"}},
 		{"default senders fill pool", Options{URL: "redis://x:1", PoolSize: DefaultSenders}, []string{fmt.Sprintf("--redis.senders %d leaves no connection", DefaultSenders)}},
 		{"senders below pool", Options{URL: "redis://x:1", PoolSize: 3, Senders: 2}, nil},
@@ -294,6 +301,13 @@ func TestNewFromClient(t *testing.T) {
 	defer small.Close()
 	if _, err := NewFromClient(small, Options{}); err == nil || !strings.Contains(err.Error(), "leaves no connection of the client's pool") {
 		t.Errorf("NewFromClient with a pool of %d = %v, want the pool refused", DefaultSenders, err)
+	}
+	// One whose pool is large but whose active connections are capped at
+	// as many as the sender slots keep (MaxActiveConns).
+	capped := redis.NewClient(&redis.Options{Addr: r.Addr, PoolSize: 10, MaxActiveConns: DefaultSenders})
+	defer capped.Close()
+	if _, err := NewFromClient(capped, Options{}); err == nil || !strings.Contains(err.Error(), "max_active_conns") {
+		t.Errorf("NewFromClient with MaxActiveConns %d = %v, want the pool refused naming max_active_conns", DefaultSenders, err)
 	}
 	b, err := NewFromClient(r.Client(), Options{KeyPrefix: "own:", Timeout: testTimeout})
 	if err != nil {
