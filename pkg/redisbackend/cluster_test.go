@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/envoy-rls/envoy-rls/internal/testenv"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter/limitertest"
+	"github.com/redis/go-redis/v9"
 )
 
 // keysOnDistinctMasters returns n Request keys (for limit l) whose counters
@@ -248,6 +251,103 @@ func TestClusterRefundAfterTimeout(t *testing.T) {
 			probe := newClusteredSenders(t, c, DefaultKeyPrefix, nil, -1)
 			if got := used(t, probe, reqs[0]); got != 1 {
 				t.Errorf("the first master's counter keeps %d hits, want 1 (the warm-up's; the failed Check's refunded)", got)
+			}
+		})
+	}
+}
+
+// heldRefunds is a go-redis hook that holds every refund script call (an
+// EVALSHA of sha) until release is closed, or for hold at most, and counts
+// the refunds it held and those of them that have ended.
+type heldRefunds struct {
+	sha         string
+	release     <-chan struct{}
+	hold        time.Duration
+	held, ended *atomic.Int32
+}
+
+func (h heldRefunds) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h heldRefunds) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h heldRefunds) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if a := cmd.Args(); len(a) < 2 || fmt.Sprint(a[1]) != h.sha {
+			return next(ctx, cmd)
+		}
+		h.held.Add(1)
+		defer h.ended.Add(1)
+		hold := time.NewTimer(h.hold)
+		defer hold.Stop()
+		select {
+		case <-h.release:
+		case <-hold.C:
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestClusterCheckDoesNotWaitForSlowRefund: a Cluster Check whose slot
+// vetoed returns by its own deadline while the refund of the slot that
+// consumed is still running, and the refund goes on to its end (Close waits
+// for it): settle waits for refunds until the caller's context ends, not
+// longer. Nothing else tested it (a review's finding: without the
+// ctx.Done case in settle every Cluster test passed). The refund is held
+// until the Check has returned (or for 5 s, so that a Check that waits for
+// it fails instead of hanging), so the test asserts an order, not a speed:
+// the refund must not have ended when the Check, given 200 ms, returns.
+// Only a Check delayed past the 5 s hold could fail it with settle right.
+func TestClusterCheckDoesNotWaitForSlowRefund(t *testing.T) {
+	c := testenv.RedisCluster(t)
+	for _, senders := range []int{0, -1} { // coalesced (pipelined), and not
+		t.Run(fmt.Sprintf("senders=%d", senders), func(t *testing.T) {
+			prefix := fmt.Sprintf("slowrefund%d:", -senders)
+			b := newClusteredSenders(t, c, prefix, nil, senders)
+			roomy := limiter.Limit{Requests: 10, Window: time.Hour}
+			one := limiter.Limit{Requests: 1, Window: time.Hour}
+			ks := keysOnDistinctMasters(t, c, roomy, 2)
+			full := limiter.Request{Key: ks[1], Limit: one, Hits: 1}
+			if err := b.Check(context.Background(), []limiter.Request{full}, make([]limiter.Result, 1)); err != nil {
+				t.Fatal(err)
+			}
+			release := make(chan struct{})
+			releaseOnce := sync.OnceFunc(func() { close(release) })
+			t.Cleanup(releaseOnce) // before b's Close, registered earlier
+			const hold = 5 * time.Second
+			h := heldRefunds{sha: b.scripts.refund.Hash(), release: release, hold: hold, held: new(atomic.Int32), ended: new(atomic.Int32)}
+			b.cluster.AddHook(h)
+
+			reqs := []limiter.Request{{Key: ks[0], Limit: roomy, Hits: 1}, full}
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			res := make([]limiter.Result, 2)
+			err := b.Check(ctx, reqs, res)
+			took := time.Since(start)
+			ended := h.ended.Load()
+			releaseOnce()
+			if err != nil || res[1].Allowed {
+				t.Fatalf("Check = %v, %+v; want the full slot's denial", err, res)
+			}
+			if ended != 0 {
+				t.Errorf("the Check returned after %v, once its refund (held until the Check returned, or %v) had ended: it waited for the refund past its 200 ms deadline", took.Round(time.Millisecond), hold)
+			}
+			if err := b.Close(); err != nil { // waits for the refund
+				t.Fatal(err)
+			}
+			if n := h.held.Load(); n == 0 {
+				t.Fatal("no refund was sent")
+			} else if e := h.ended.Load(); e != n {
+				t.Errorf("Close returned with %d of %d refunds still running", n-e, n)
+			}
+			if n := b.RefundErrors(); n != 0 {
+				t.Errorf("%d refunds failed, want 0", n)
+			}
+			probe := newClusteredSenders(t, c, prefix, nil, -1)
+			if got := used(t, probe, reqs[0]); got != 0 {
+				t.Errorf("the admitted slot keeps %d hits of the vetoed Check, want 0 (refunded)", got)
 			}
 		})
 	}
