@@ -152,8 +152,8 @@ func (o *Options) validate() (topology, error) {
 		errs = append(errs, fmt.Errorf("--redis.max-batch %d is negative", o.MaxBatch))
 	}
 	// The pool's size is checked against the senders once the client is
-	// built (checkPool): pool_size in --redis.url and go-redis's default
-	// count too.
+	// built (checkPool): pool_size and max_active_conns in --redis.url
+	// and go-redis's default count too.
 	return topo, errors.Join(errs...)
 }
 
