@@ -242,13 +242,7 @@ func TestClusterRefundAfterTimeout(t *testing.T) {
 			if !errors.Is(err, limiter.ErrUnavailable) {
 				t.Fatalf("Check with a stopped master = %v, want ErrUnavailable", err)
 			}
-			if err := b.Close(); err != nil { // waits for the refund
-				t.Fatal(err)
-			}
-			if n := b.RefundErrors(); n != 0 {
-				t.Errorf("%d refunds failed, want 0", n)
-			}
-			probe := newClusteredSenders(t, c, DefaultKeyPrefix, nil, -1)
+			probe := closeRefunded(t, b, c, DefaultKeyPrefix)
 			if got := used(t, probe, reqs[0]); got != 1 {
 				t.Errorf("the first master's counter keeps %d hits, want 1 (the warm-up's; the failed Check's refunded)", got)
 			}
@@ -334,18 +328,12 @@ func TestClusterCheckDoesNotWaitForSlowRefund(t *testing.T) {
 			if ended != 0 {
 				t.Errorf("the Check returned after %v, once its refund (held until the Check returned, or %v) had ended: it waited for the refund past its 200 ms deadline", took.Round(time.Millisecond), hold)
 			}
-			if err := b.Close(); err != nil { // waits for the refund
-				t.Fatal(err)
-			}
+			probe := closeRefunded(t, b, c, prefix) // Close waits for the refund
 			if n := h.held.Load(); n == 0 {
 				t.Fatal("no refund was sent")
 			} else if e := h.ended.Load(); e != n {
 				t.Errorf("Close returned with %d of %d refunds still running", n-e, n)
 			}
-			if n := b.RefundErrors(); n != 0 {
-				t.Errorf("%d refunds failed, want 0", n)
-			}
-			probe := newClusteredSenders(t, c, prefix, nil, -1)
 			if got := used(t, probe, reqs[0]); got != 0 {
 				t.Errorf("the admitted slot keeps %d hits of the vetoed Check, want 0 (refunded)", got)
 			}
@@ -391,17 +379,25 @@ func TestClusterAbandonedCheckIsSettled(t *testing.T) {
 	}
 	co.lead(bt, j) // returns without co.mu
 
-	if err := b.Close(); err != nil { // waits for the refund
-		t.Fatal(err)
-	}
-	if n := b.RefundErrors(); n != 0 {
-		t.Errorf("%d refunds failed, want 0", n)
-	}
-	probe := newClusteredSenders(t, c, DefaultKeyPrefix, nil, -1)
+	probe := closeRefunded(t, b, c, DefaultKeyPrefix)
 	if got := used(t, probe, reqs[0]); got != 0 {
 		t.Errorf("the admitted slot keeps %d hits of the vetoed, abandoned Check, want 0", got)
 	}
 	if got := used(t, probe, full); got != 1 {
 		t.Errorf("the vetoing counter has %d hits, want 1", got)
 	}
+}
+
+// closeRefunded closes b, which waits for its refunds, fails the test if a
+// refund failed, and returns a Backend on the Cluster c with the same key
+// prefix that sends every Check on its own, to read the counters with.
+func closeRefunded(t *testing.T, b *Backend, c *testenv.Cluster, prefix string) *Backend {
+	t.Helper()
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.RefundErrors(); n != 0 {
+		t.Errorf("%d refunds failed, want 0", n)
+	}
+	return newClusteredSenders(t, c, prefix, nil, -1)
 }

@@ -389,13 +389,7 @@ func TestCoalescedDeadlineClasses(t *testing.T) {
 	if err := b.Check(context.Background(), req, make([]limiter.Result, 1)); err != nil { // load the library
 		t.Fatal(err)
 	}
-	newJob := func(deadline time.Time) *job {
-		j := c.pool.Get().(*job)
-		j.encode(b, req)
-		j.ctx, j.deadline = context.Background(), deadline
-		j.state.Store(jobPending)
-		return j
-	}
+	newJob := func(deadline time.Time) *job { return pendingJob(b, req, deadline) }
 	now := time.Now()
 	short := newJob(now.Add(300 * time.Millisecond))
 	near := newJob(short.deadline.Add(deadlineSlack / 2))
@@ -456,13 +450,7 @@ func TestCoalescedDeadlineClassIdleSlot(t *testing.T) {
 	b := openBackend(t, Options{URL: "redis://" + r.Addr, Timeout: testTimeout, Senders: 2})
 	c := b.co
 	req := []limiter.Request{{Key: key(t.Name()), Limit: limiter.Limit{Requests: 100, Window: time.Hour}, Hits: 1}}
-	newJob := func(deadline time.Time) *job {
-		j := c.pool.Get().(*job)
-		j.encode(b, req)
-		j.ctx, j.deadline = context.Background(), deadline
-		j.state.Store(jobPending)
-		return j
-	}
+	newJob := func(deadline time.Time) *job { return pendingJob(b, req, deadline) }
 	short, long := newJob(time.Now().Add(300*time.Millisecond)), newJob(time.Now().Add(testTimeout))
 	c.mu.Lock()
 	long.queued = true
@@ -513,11 +501,7 @@ func TestCoalescedCallCarriesLaterArrivals(t *testing.T) {
 	now := time.Now()
 	jobs := make([]*job, 3)
 	for i, arrived := range []time.Duration{0, 5 * time.Millisecond, 50 * time.Millisecond} {
-		j := c.pool.Get().(*job)
-		j.encode(b, req)
-		j.ctx, j.deadline = context.Background(), now.Add(arrived+budget)
-		j.state.Store(jobPending)
-		jobs[i] = j
+		jobs[i] = pendingJob(b, req, now.Add(arrived+budget))
 	}
 	calls := b.CallStats().Calls
 	c.mu.Lock()
@@ -567,13 +551,7 @@ func TestCoalescedCallEndsNoEarlierThanItsLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	newJob := func(left time.Duration) *job {
-		j := c.pool.Get().(*job)
-		j.encode(b, req)
-		j.ctx, j.deadline = context.Background(), now.Add(left)
-		j.state.Store(jobPending)
-		return j
-	}
+	newJob := func(left time.Duration) *job { return pendingJob(b, req, now.Add(left)) }
 	leader, shorter := newJob(800*time.Millisecond), newJob(700*time.Millisecond)
 	c.mu.Lock()
 	shorter.queued = true
@@ -632,4 +610,15 @@ func TestMayJoin(t *testing.T) {
 			t.Errorf("%s: mayJoin = %v, want %v", c.name, got, c.expect)
 		}
 	}
+}
+
+// pendingJob returns a job of b's coalescer for a Check of req with
+// deadline (zero: none), pending, as check makes it before it queues or
+// leads.
+func pendingJob(b *Backend, req []limiter.Request, deadline time.Time) *job {
+	j := b.co.pool.Get().(*job)
+	j.encode(b, req)
+	j.ctx, j.deadline = context.Background(), deadline
+	j.state.Store(jobPending)
+	return j
 }

@@ -1257,16 +1257,7 @@ descriptors:
 // the same request consume nothing for that denial (a review's finding:
 // the allowed stand-in let the fallback batch commit).
 func TestBlockedLimitDuringOutage(t *testing.T) {
-	fallback := memorybackend.New(memorybackend.Options{SweepInterval: -1})
-	t.Cleanup(func() { fallback.Close() })
-	lim, err := failsoft.New(failsoft.Options{
-		Primary:  failing{fmt.Errorf("redis: %w", limiter.ErrUnavailable)},
-		Fallback: fallback,
-		Breaker:  failsoft.BreakerOptions{ConsecutiveFailures: 1},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	lim := outage(t)
 	for _, mode := range []string{"allow", "deny", "fallback"} {
 		t.Run(mode, func(t *testing.T) {
 			e := newEnv(t, map[string]string{"b.yaml": `
@@ -1309,16 +1300,7 @@ descriptors:
 // failsoft's DenyRetryAfter of 1 s, which unblock left as it was because
 // it corrected only admitted stand-ins).
 func TestBlockedLimitRetryAfterDuringOutage(t *testing.T) {
-	fallback := memorybackend.New(memorybackend.Options{SweepInterval: -1})
-	t.Cleanup(func() { fallback.Close() })
-	lim, err := failsoft.New(failsoft.Options{
-		Primary:  failing{fmt.Errorf("redis: %w", limiter.ErrUnavailable)},
-		Fallback: fallback,
-		Breaker:  failsoft.BreakerOptions{ConsecutiveFailures: 1},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	lim := outage(t)
 	for _, mode := range []string{"allow", "deny", "fallback"} {
 		t.Run(mode, func(t *testing.T) {
 			e := newEnv(t, map[string]string{"b.yaml": `
@@ -1355,4 +1337,22 @@ func TestAppendValue(t *testing.T) {
 	if len(a) != 1+len(digestMark)+32 || bytes.Equal(a, b) {
 		t.Errorf("long values: %q and %q, want two digests of %d bytes", a, b, len(digestMark)+32)
 	}
+}
+
+// outage returns a fail-soft limiter whose store always fails (its breaker
+// opens at the first failure) and whose fallback is a memory backend, both
+// closed when the test ends: the service during a Redis outage.
+func outage(t *testing.T) limiter.Limiter {
+	t.Helper()
+	fallback := memorybackend.New(memorybackend.Options{SweepInterval: -1})
+	t.Cleanup(func() { fallback.Close() })
+	lim, err := failsoft.New(failsoft.Options{
+		Primary:  failing{fmt.Errorf("redis: %w", limiter.ErrUnavailable)},
+		Fallback: fallback,
+		Breaker:  failsoft.BreakerOptions{ConsecutiveFailures: 1},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lim
 }
