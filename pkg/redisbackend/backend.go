@@ -95,7 +95,10 @@ func New(opts Options) (*Backend, error) {
 // own (MaxRetries −1, see New). With a *redis.Client the coalescing sender
 // slots hold connections of their own (c.Conn()); go-redis's maintenance
 // notifications in "auto" mode race between such connections, so c should
-// have them disabled, as New does.
+// have them disabled, as New does. A *redis.ClusterClient should have
+// MinRetryBackoff −1, as New's does: otherwise go-redis sleeps 10–30 ms
+// before a pipeline follows a MOVED or ASK redirection, which every Check
+// of a coalesced call meets while its slot migrates.
 func NewFromClient(c redis.UniversalClient, opts Options) (*Backend, error) {
 	if c == nil {
 		return nil, errors.New("redisbackend: nil client")

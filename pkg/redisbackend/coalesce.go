@@ -494,9 +494,11 @@ const deadlineSlack = time.Millisecond
 // deadlineSlack). A call is bounded by the earliest deadline of its Checks,
 // so that nobody waits past their own; so the call ends no earlier than
 // deadlineSlack before its leader's deadline, and it fails a Check with
-// time left only when Redis took longer than R, while that Check had at
-// most 2R left: a Check is failed by a call-mate's deadline only when Redis
-// took more than half the time it had itself. Checks of one budget (a
+// time left only when Redis took longer than R − deadlineSlack, while that
+// Check had at most R + max(deadlineSlack, R) left: a Check is failed by a
+// call-mate's deadline only when Redis took about half the time it had
+// itself or more (48% of it when the leader has 20 ms left, 25% when 2 ms,
+// the least it could be). Checks of one budget (a
 // gateway's timeout) share calls as long as the leader, the oldest, has
 // more time left than the queue is long (about a call's round trip while
 // Redis keeps up), so that the calls carry every Check that arrived during
@@ -850,23 +852,9 @@ func (c *coalescer) sendPipelined(ctx context.Context, bt *batch, live []*job) {
 	}
 	b.pipeline(ctx, cmds, false)
 	b.calls.Add(uint64(len(cmds)))
-	// The calls refused with TRYAGAIN did not run: they go again, together,
-	// after a wait (see "Resending after TRYAGAIN" in cluster.go).
-	for n := 0; ; n++ {
-		again := 0
-		for k := range cmds {
-			if isTryAgain(cmds[k].cmd.Err()) {
-				again++
-			}
-		}
-		if again == 0 || !b.tryAgainWait(ctx, n) {
-			break
-		}
-		b.tryAgains.Add(uint64(again))
-		b.pipeline(ctx, cmds, true)
-	}
-	for k := range cmds {
-		pc := &cmds[k]
+	// finish splits the reply of call pc between its groups and releases
+	// it (pc.cmd nil: finished).
+	finish := func(pc *pipeCall) {
 		v, err := pc.cmd.Result()
 		if isFunctionMissing(err) || isUnsupported(err) || isNoScript(err) {
 			// Refused before it ran: send it alone, through runCheck,
@@ -878,6 +866,55 @@ func (c *coalescer) sendPipelined(ctx context.Context, bt *batch, live []*job) {
 		}
 		splitReply(v, err, pc.alt, pc.parts)
 		pc.release()
+	}
+	// The calls refused with TRYAGAIN did not run: they go again, together,
+	// after a wait (see "Resending after TRYAGAIN" in cluster.go); the
+	// others are finished at once, and after the first round the jobs none
+	// of whose calls waits for a resend are answered, rather than wait for
+	// a call-mate's migrating slot.
+	for n := 0; ; n++ {
+		again := 0
+		for k := range cmds {
+			pc := &cmds[k]
+			if pc.cmd == nil {
+				continue
+			}
+			if isTryAgain(pc.cmd.Err()) {
+				again++
+			} else {
+				finish(pc)
+			}
+		}
+		if again > 0 && n == 0 {
+			// A call of a job waits for a resend while it has neither a
+			// reply (never empty) nor an error.
+			kept := live[:0]
+			for _, j := range live {
+				pending := false
+				for _, call := range j.calls {
+					if call.err == nil && call.reply == "" {
+						pending = true
+						break
+					}
+				}
+				if pending {
+					kept = append(kept, j)
+				} else {
+					c.deliver(j, nil)
+				}
+			}
+			live = kept
+		}
+		if again == 0 || !b.tryAgainWait(ctx, n) {
+			break
+		}
+		b.tryAgains.Add(uint64(again))
+		b.pipeline(ctx, cmds, true)
+	}
+	for k := range cmds {
+		if cmds[k].cmd != nil {
+			finish(&cmds[k])
+		}
 	}
 	clear(bt.pipeBy)
 	for _, j := range live {
@@ -892,7 +929,7 @@ func (b *Backend) pipeline(ctx context.Context, cmds []pipeCall, again bool) {
 	_, _ = b.cluster.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for k := range cmds {
 			pc := &cmds[k]
-			if again && !isTryAgain(pc.cmd.Err()) {
+			if again && (pc.cmd == nil || !isTryAgain(pc.cmd.Err())) {
 				continue
 			}
 			pc.cmd = redis.NewStringCmd(ctx, pc.args...)

@@ -201,13 +201,18 @@ func (o *Options) newClient(topo topology) (redis.UniversalClient, error) {
 	switch topo {
 	case topoCluster:
 		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:                 o.ClusterAddrs,
-			Username:              o.Username,
-			Password:              o.Password,
-			Dialer:                o.dialer(0),
-			PoolSize:              o.PoolSize,
-			Protocol:              2,
-			MaxRetries:            -1,
+			Addrs:      o.ClusterAddrs,
+			Username:   o.Username,
+			Password:   o.Password,
+			Dialer:     o.dialer(0),
+			PoolSize:   o.PoolSize,
+			Protocol:   2,
+			MaxRetries: -1,
+			// No sleep before a pipeline follows MOVED or ASK (go-redis's
+			// 10 ms minimum otherwise): a redirected command did not run,
+			// and every script call is noRetry, so this backoff applies to
+			// redirections alone.
+			MinRetryBackoff:       -1,
 			DialerRetries:         1,
 			ContextTimeoutEnabled: true,
 		}), nil

@@ -250,3 +250,96 @@ func TestClusterTryAgain(t *testing.T) {
 		})
 	}
 }
+
+// TestTryAgainDoesNotHoldCallMates: a coalesced Cluster call refused with
+// TRYAGAIN is resent until its slot's migration ends, while the Checks of
+// its pipeline that Redis decided are answered at once: Y, on another slot,
+// is answered while X still waits for its resend, and the migration ends
+// only after that (so Y's answer cannot have waited for X's). Before, no
+// job of the pipeline was answered until every resend had ended. Y's
+// counter holds exactly its one hit: a call that ran is never resent.
+func TestTryAgainDoesNotHoldCallMates(t *testing.T) {
+	c := testenv.RedisCluster(t)
+	ctx := context.Background()
+	const prefix = "tryagainmates:"
+	l := limiter.Limit{Requests: 10, Window: time.Hour}
+	ka, kb := sameSlotKeys(t, prefix, l)
+	reqsX := []limiter.Request{{Key: ka, Limit: l, Hits: 1}, {Key: kb, Limit: l, Hits: 1}}
+	keyA, keyB := baseKey(prefix, reqsX[0]), baseKey(prefix, reqsX[1])
+	var reqsY []limiter.Request
+	for i := 0; reqsY == nil; i++ {
+		r := limiter.Request{Key: key(t.Name(), "y", strconv.Itoa(i)), Limit: l, Hits: 1}
+		if slot(baseKey(prefix, r)) != slot(keyA) {
+			reqsY = []limiter.Request{r}
+		}
+	}
+	b := openBackend(t, Options{ClusterAddrs: c.Addrs, KeyPrefix: prefix, Timeout: testTimeout, Senders: 1})
+	b.tryAgainRetries = 1 << 20 // resent until the migration ends, within the deadline
+	if err := b.Check(ctx, reqsX, make([]limiter.Result, 2)); err != nil {
+		t.Fatal(err)
+	}
+	m := migrateSlot(t, c, keyA)
+	if err := m.move(ctx, keyB); err != nil { // X's keys split: TRYAGAIN
+		t.Fatal(err)
+	}
+	x := pendingJob(b, reqsX, time.Now().Add(testTimeout))
+	y := pendingJob(b, reqsY, time.Now().Add(testTimeout))
+	co := b.co
+	co.mu.Lock()
+	y.queued = true
+	co.queue = append(co.queue, y)
+	bt := co.takeIdle(co.clock())
+	go co.lead(bt, x) // returns without co.mu
+	<-y.done
+	xDone := false
+	select {
+	case <-x.done:
+		xDone = true
+		t.Error("X was answered before Y, though its slot's migration had not ended: Y waited for X's resends")
+	default:
+	}
+	if err := m.move(ctx, keyA); err != nil {
+		t.Error(err)
+	}
+	if err := m.finish(ctx); err != nil {
+		t.Error(err)
+	}
+	if !xDone {
+		<-x.done
+	}
+	if y.lead != nil {
+		t.Fatal("Y was not carried by X's call")
+	}
+	resY := make([]limiter.Result, 1)
+	if err := b.finish(ctx, y.deadline, reqsY, y.calls, resY); err != nil || !resY[0].Allowed {
+		t.Errorf("Y = %v, %+v; want admitted", err, resY[0])
+	}
+	resX := make([]limiter.Result, 2)
+	if err := b.finish(ctx, x.deadline, reqsX, x.calls, resX); err != nil || !resX[0].Allowed || !resX[1].Allowed {
+		t.Errorf("X = %v, %+v; want admitted once its slot moved", err, resX)
+	}
+	if n := b.CallStats().TryAgainRetries; n == 0 {
+		t.Error("X was never resent")
+	}
+	co.put(x)
+	co.put(y)
+	if got := used(t, b, reqsY[0]); got != 1 {
+		t.Errorf("Y's counter holds %d hits, want 1 (a call that ran was resent)", got)
+	}
+}
+
+// TestClusterFollowsRedirectionsAtOnce: New's Cluster client has no retry
+// backoff, so a coalesced call's pipeline follows MOVED and ASK at once.
+// go-redis sleeps its MinRetryBackoff (10 ms by default, 10–30 ms in all)
+// before a pipeline follows a redirection, though not before a single
+// command does; a review measured a coalesced Check redirected with ASK
+// during a migration at 20.9 ms against 0.3 ms alone, and 0.6 ms for both
+// with the backoff off. The backoff applies to redirections alone: every
+// script call is noRetry, and New's clients do not retry (MaxRetries −1).
+func TestClusterFollowsRedirectionsAtOnce(t *testing.T) {
+	c := testenv.RedisCluster(t)
+	b := newClustered(t, c, "redirect:", nil)
+	if d := b.cluster.Options().MinRetryBackoff; d != 0 {
+		t.Errorf("the Cluster client's MinRetryBackoff is %v, want none: a pipeline sleeps that long before it follows MOVED or ASK", d)
+	}
+}
