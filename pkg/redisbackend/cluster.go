@@ -59,6 +59,13 @@ func isTryAgain(err error) bool {
 	return err != nil && redis.IsTryAgainError(err)
 }
 
+// tryAgainDelay is the wait before the resend n (from 0) of a call refused
+// with TRYAGAIN: tryAgainBackoff, doubling with each resend, at most
+// tryAgainMaxBackoff.
+func tryAgainDelay(n int) time.Duration {
+	return min(tryAgainBackoff<<min(n, 16), tryAgainMaxBackoff)
+}
+
 // tryAgainWait waits before the resend n (from 0) of a call that Redis
 // refused with TRYAGAIN, and reports whether to resend it: false at once
 // when b.tryAgainRetries resends have been made or when the wait would end
@@ -67,7 +74,7 @@ func (b *Backend) tryAgainWait(ctx context.Context, n int) bool {
 	if n >= b.tryAgainRetries {
 		return false
 	}
-	d := min(tryAgainBackoff<<min(n, 16), tryAgainMaxBackoff)
+	d := tryAgainDelay(n)
 	if dl, ok := ctx.Deadline(); ok && !time.Now().Add(d).Before(dl) {
 		return false
 	}

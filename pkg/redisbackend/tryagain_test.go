@@ -343,3 +343,29 @@ func TestClusterFollowsRedirectionsAtOnce(t *testing.T) {
 		t.Errorf("the Cluster client's MinRetryBackoff is %v, want none: a pipeline sleeps that long before it follows MOVED or ASK", d)
 	}
 }
+
+// TestTryAgainDelay: the waits before the resends after TRYAGAIN double
+// from 1 ms up to 8 ms: the four default resends wait 15 ms in all, within
+// Envoy's default 20 ms timeout, and a long run of resends (a slot split
+// for longer) does not overflow the shift.
+func TestTryAgainDelay(t *testing.T) {
+	ms := time.Millisecond
+	want := []time.Duration{ms, 2 * ms, 4 * ms, 8 * ms, 8 * ms, 8 * ms}
+	var sum time.Duration
+	for n, w := range want {
+		if got := tryAgainDelay(n); got != w {
+			t.Errorf("tryAgainDelay(%d) = %v, want %v", n, got, w)
+		}
+		if n < defaultTryAgainRetries {
+			sum += tryAgainDelay(n)
+		}
+	}
+	if sum != 15*ms {
+		t.Errorf("the default resends wait %v in all, want 15ms", sum)
+	}
+	for _, n := range []int{63, 64, 1 << 20} {
+		if got := tryAgainDelay(n); got != 8*ms {
+			t.Errorf("tryAgainDelay(%d) = %v, want 8ms", n, got)
+		}
+	}
+}
