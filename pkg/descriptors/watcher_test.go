@@ -478,8 +478,12 @@ func TestReadOnceDuringConfigMapSwaps(t *testing.T) {
 	}
 	t.Logf("%d reads, %d failed, %d updates", read, failed, stop())
 	// A read fails only when an update lands in each of four reads in a
-	// row: rare, but a loaded machine can stall a read.
-	if failed > 2+read/1000 {
+	// row: rare, but a loaded machine can stall a read (0.3–0.7% of
+	// reads under -race on a 2-core host with steal time, while a bound of
+	// 2 + 0.1% failed there). A read that is not made again when its folder
+	// went fails whenever an update lands in it: 18–21% there. So the bound
+	// is 5%, well apart from both.
+	if failed*20 > read+failed {
 		t.Errorf("%d of %d reads failed: a read whose folder went is not made again", failed, read+failed)
 	}
 }
