@@ -2,8 +2,6 @@ package redisbackend
 
 import (
 	"context"
-	"io"
-	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -13,119 +11,6 @@ import (
 	"github.com/envoy-rls/envoy-rls/internal/testenv"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
 )
-
-// delayProxy forwards TCP connections to a Redis server and holds every
-// chunk of the server's replies for a fixed delay before passing it on: a
-// Redis that many network hops away. Chunks keep their order.
-type delayProxy struct {
-	ln     net.Listener
-	target string
-	delay  time.Duration
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	conns  []net.Conn
-	closed bool
-}
-
-// newDelayProxy starts a delayProxy to target on a loopback port, closed
-// when the test or benchmark ends.
-func newDelayProxy(tb testing.TB, target string, delay time.Duration) *delayProxy {
-	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	p := &delayProxy{ln: ln, target: target, delay: delay}
-	p.wg.Go(p.accept)
-	tb.Cleanup(p.close)
-	return p
-}
-
-func (p *delayProxy) addr() string { return p.ln.Addr().String() }
-
-// track records c for close, or closes it and reports false if the proxy is
-// closed.
-func (p *delayProxy) track(c net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		c.Close()
-		return false
-	}
-	p.conns = append(p.conns, c)
-	return true
-}
-
-func (p *delayProxy) accept() {
-	for {
-		client, err := p.ln.Accept()
-		if err != nil {
-			return // closed
-		}
-		server, err := net.Dial("tcp", p.target)
-		if err != nil {
-			client.Close()
-			continue
-		}
-		if !p.track(client) || !p.track(server) {
-			client.Close()
-			server.Close()
-			return
-		}
-		p.wg.Go(func() {
-			io.Copy(server, client)
-			server.Close()
-		})
-		p.wg.Go(func() { p.back(client, server) })
-	}
-}
-
-// chunk is a part of a reply and the instant it may be passed on.
-type chunk struct {
-	b   []byte
-	due time.Time
-}
-
-// back passes the server's replies on to the client, each chunk delay
-// after it arrived.
-func (p *delayProxy) back(client, server net.Conn) {
-	ch := make(chan chunk, 4096)
-	p.wg.Go(func() {
-		defer client.Close()
-		for c := range ch {
-			if d := time.Until(c.due); d > 0 {
-				time.Sleep(d)
-			}
-			if _, err := client.Write(c.b); err != nil {
-				for range ch { // drain until the reader stops
-				}
-				return
-			}
-		}
-	})
-	defer close(ch)
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := server.Read(buf)
-		if n > 0 {
-			ch <- chunk{b: append([]byte(nil), buf[:n]...), due: time.Now().Add(p.delay)}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-func (p *delayProxy) close() {
-	p.mu.Lock()
-	p.closed = true
-	for _, c := range p.conns {
-		c.Close()
-	}
-	p.mu.Unlock()
-	p.ln.Close()
-	p.wg.Wait()
-}
 
 // BenchmarkCheckBehindLatency offers Checks at a fixed rate (one every
 // 200 µs, 5,000/s, each in a goroutine of its own: an open loop, as many

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -24,10 +25,12 @@ import (
 // with armLoss instead, it lets that command through and loses its reply:
 // the connection breaks once Redis has answered, as when the network fails
 // between Redis and the client. The other connections, and the ones opened
-// later, go on working.
+// later, go on working. Made by newDelayProxy, it holds every reply for a
+// fixed delay instead (not armed then).
 type stallProxy struct {
 	ln      net.Listener
 	target  string
+	delay   time.Duration // replies held this long (newDelayProxy)
 	armed   atomic.Bool
 	stalled chan struct{} // one value per connection stalled
 	loss    atomic.Bool
@@ -42,15 +45,22 @@ type stallProxy struct {
 
 // newStallProxy starts a proxy to target on a free loopback port, stopped
 // when the test ends.
-func newStallProxy(t *testing.T, target string) *stallProxy {
-	t.Helper()
+func newStallProxy(tb testing.TB, target string) *stallProxy {
+	return newDelayProxy(tb, target, 0)
+}
+
+// newDelayProxy starts a proxy to target on a free loopback port that holds
+// every chunk of the server's replies for delay before it passes it on, in
+// order (a Redis that many network hops away), stopped when the test ends.
+func newDelayProxy(tb testing.TB, target string, delay time.Duration) *stallProxy {
+	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	p := &stallProxy{ln: ln, target: target, stalled: make(chan struct{}, 16), lost: make(chan struct{}, 16)}
+	p := &stallProxy{ln: ln, target: target, delay: delay, stalled: make(chan struct{}, 16), lost: make(chan struct{}, 16)}
 	p.wg.Go(p.accept)
-	t.Cleanup(p.close)
+	tb.Cleanup(p.close)
 	return p
 }
 
@@ -94,7 +104,11 @@ func (p *stallProxy) accept() {
 		p.mu.Unlock()
 		var mute atomic.Bool // the next reply is lost
 		p.wg.Go(func() {
-			p.back(client, server, &mute)
+			if p.delay > 0 {
+				p.backDelayed(client, server)
+			} else {
+				p.back(client, server, &mute)
+			}
 			_ = client.Close()
 		})
 		p.wg.Go(func() {
@@ -119,6 +133,37 @@ func (p *stallProxy) back(client, server net.Conn, mute *atomic.Bool) {
 			if _, werr := client.Write(buf[:n]); werr != nil {
 				return
 			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// backDelayed copies server to client, each chunk p.delay after it arrived,
+// until the connection ends.
+func (p *stallProxy) backDelayed(client, server net.Conn) {
+	type chunk struct {
+		b   []byte
+		due time.Time
+	}
+	ch := make(chan chunk, 4096)
+	p.wg.Go(func() {
+		for c := range ch {
+			time.Sleep(time.Until(c.due))
+			if _, err := client.Write(c.b); err != nil {
+				for range ch { // drain until the reader stops
+				}
+				return
+			}
+		}
+	})
+	defer close(ch)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := server.Read(buf)
+		if n > 0 {
+			ch <- chunk{b: slices.Clone(buf[:n]), due: time.Now().Add(p.delay)}
 		}
 		if err != nil {
 			return
