@@ -446,7 +446,10 @@ func (c *coalescer) lead(bt *batch, first *job) {
 	}
 	jobs := append(bt.jobs[:0], first)
 	n := first.nkeys()
-	now := time.Now()
+	var now time.Time // for mayJoin, read only when a Check is queued
+	if len(c.queue) > 0 {
+		now = time.Now()
+	}
 	kept := 0 // the queued jobs left for a later call, moved to the front
 	for i, q := range c.queue {
 		k := q.nkeys()
@@ -886,24 +889,7 @@ func (c *coalescer) sendPipelined(ctx context.Context, bt *batch, live []*job) {
 			}
 		}
 		if again > 0 && n == 0 {
-			// A call of a job waits for a resend while it has neither a
-			// reply (never empty) nor an error.
-			kept := live[:0]
-			for _, j := range live {
-				pending := false
-				for _, call := range j.calls {
-					if call.err == nil && call.reply == "" {
-						pending = true
-						break
-					}
-				}
-				if pending {
-					kept = append(kept, j)
-				} else {
-					c.deliver(j, nil)
-				}
-			}
-			live = kept
+			live = c.deliverDecided(live)
 		}
 		if again == 0 || !b.tryAgainWait(ctx, n) {
 			break
@@ -922,14 +908,30 @@ func (c *coalescer) sendPipelined(ctx context.Context, bt *batch, live []*job) {
 	}
 }
 
+// deliverDecided delivers the jobs every call of which has its reply or its
+// error, and returns the others (those with a call waiting for a resend
+// after TRYAGAIN), reusing live's array.
+func (c *coalescer) deliverDecided(live []*job) []*job {
+	kept := live[:0]
+	for _, j := range live {
+		if slices.ContainsFunc(j.calls, func(call *slotCall) bool { return call.err == nil && call.reply == "" }) {
+			kept = append(kept, j) // a reply is never empty
+			continue
+		}
+		c.deliver(j, nil)
+	}
+	return kept
+}
+
 // pipeline sends the calls cmds, whose arguments are built, in one Cluster
-// pipeline, each as a new noRetry command; with again, only those whose
-// command was refused with TRYAGAIN.
+// pipeline, each as a new noRetry command; with again, only those not
+// finished (pc.cmd set), which sendPipelined leaves so only when Redis
+// refused them with TRYAGAIN.
 func (b *Backend) pipeline(ctx context.Context, cmds []pipeCall, again bool) {
 	_, _ = b.cluster.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for k := range cmds {
 			pc := &cmds[k]
-			if again && (pc.cmd == nil || !isTryAgain(pc.cmd.Err())) {
+			if again && pc.cmd == nil {
 				continue
 			}
 			pc.cmd = redis.NewStringCmd(ctx, pc.args...)
