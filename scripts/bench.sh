@@ -45,7 +45,12 @@
 # columns are each process's run-queue wait per request, summed over its
 # threads (/proc/<pid>/task/*/schedstat): thread-time runnable but not
 # running, a measure of how much the processes contend for the cores (not a
-# share of each request's latency).
+# share of each request's latency). "idle %" and "steal %" are the whole
+# machine's, over the same phase (/proc/stat): CPU time no process used, and
+# CPU time the hypervisor gave to someone else while this VM had work. A run
+# that lost 10% or more to steal is named on stderr: on a shared VM that is
+# what makes two runs of the same code differ, so compare rows of similar
+# steal.
 #
 # Environment:
 #   BENCH_DURATION   measured phase of each run (default 5s; 2s for a quick look)
@@ -551,6 +556,8 @@ bench() {
 		cat "$TMP/run.err" >&2
 		die "rls-bench failed: $label"
 	fi
+	# Its warnings (a run the hypervisor took much CPU from) go on.
+	grep 'warning:' "$TMP/run.err" >&2 || true
 }
 
 # rls_only LABEL ARGS...: one run against envoy-rls alone (what the

@@ -291,6 +291,7 @@ func load(ctx context.Context, cfg loadConfig, stderr io.Writer) ([]*bench.Resul
 		}
 		r.Ceiling = true
 		ceiling = r
+		warnSteal(stderr, r)
 		results = append(results, r)
 	}
 	if cfg.opts.Addr != "" {
@@ -303,9 +304,18 @@ func load(ctx context.Context, cfg loadConfig, stderr io.Writer) ([]*bench.Resul
 		if ceiling != nil {
 			r.SetCeiling(ceiling.RPS)
 		}
+		warnSteal(stderr, r)
 		results = append(results, r)
 	}
 	return results, nil
+}
+
+// warnSteal says on stderr when the hypervisor took much of the machine
+// during r (Result.StealWarning).
+func warnSteal(stderr io.Writer, r *bench.Result) {
+	if w := r.StealWarning(); w != "" {
+		fmt.Fprintf(stderr, "rls-bench: warning: %s\n", w)
+	}
 }
 
 // serveNoop runs a do-nothing RLS server until ctx ends.

@@ -54,9 +54,27 @@ type Result struct {
 	// Server is the target's own latency over the measured phase, from its
 	// histogram (Options.Server); nil when not probed.
 	Server *ServerLatency `json:"server,omitempty"`
+	// Machine is how the whole machine's CPU time was spent over the
+	// measured phase, the hypervisor's steal included; nil where the kernel
+	// does not say (not Linux).
+	Machine *Machine `json:"machine,omitempty"`
 	// Runs is the number of runs a median result stands for (see Medians);
 	// 0 for a single run.
 	Runs int `json:"runs,omitempty"`
+}
+
+// StealWarnPct is the steal, in percent of the machine's CPU time, from
+// which StealWarning warns.
+const StealWarnPct = 10
+
+// StealWarning is a sentence for the reader when the hypervisor took
+// StealWarnPct or more of the machine's CPU time during the run, else "".
+func (r *Result) StealWarning() string {
+	if r.Machine == nil || r.Machine.StealPct < StealWarnPct {
+		return ""
+	}
+	return fmt.Sprintf("%s: the hypervisor took %.0f%% of this machine's CPU time during the measured phase (steal): "+
+		"compare it only with runs that lost as much", r.Label, r.Machine.StealPct)
 }
 
 // CPUUse is one probed process's CPU time over the measured phase, and that
@@ -269,6 +287,20 @@ func Medians(rs []*Result) []*Result {
 			}
 			m.CPU = append(m.CPU, u)
 		}
+		m.Machine = nil
+		var mach []*Machine
+		for _, r := range g {
+			if r.Machine != nil {
+				mach = append(mach, r.Machine)
+			}
+		}
+		if len(mach) > 0 { // the median of the runs that measured it
+			m.Machine = &Machine{
+				BusyPct:  medianOf(mach, func(x *Machine) float64 { return x.BusyPct }),
+				IdlePct:  medianOf(mach, func(x *Machine) float64 { return x.IdlePct }),
+				StealPct: medianOf(mach, func(x *Machine) float64 { return x.StealPct }),
+			}
+		}
 		// The server's figures: the median of the runs in which it observed
 		// requests (a run without any has no quantiles, not zero ones).
 		m.Server = nil
@@ -358,8 +390,8 @@ func ReadJSON(rd io.Reader) ([]*Result, error) {
 // server's own p50 and p99 when any result has them, one "<name> µs/req"
 // column per CPU probe name seen in any result, then one "<name> wait
 // µs/req" column (run-queue wait) per name that any result has a wait of,
-// and the fraction of the ceiling when known. Latencies are in
-// milliseconds.
+// the machine's idle and steal shares when any result has them, and the
+// fraction of the ceiling when known. Latencies are in milliseconds.
 func WriteTable(w io.Writer, rs []*Result) error {
 	var cpuNames, waitNames []string
 	for _, r := range rs {
@@ -377,10 +409,11 @@ func WriteTable(w io.Writer, rs []*Result) error {
 			}
 		}
 	}
-	runs, server := false, false
+	runs, server, machine := false, false, false
 	for _, r := range rs {
 		runs = runs || r.Runs > 1
 		server = server || r.Server != nil
+		machine = machine || r.Machine != nil
 	}
 	head := []string{"label", "target", "callers", "rps", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms", "OK", "OVER_LIMIT", "errors", "ceiling"}
 	if runs {
@@ -394,6 +427,9 @@ func WriteTable(w io.Writer, rs []*Result) error {
 	}
 	for _, n := range waitNames {
 		head = append(head, n+" wait µs/req")
+	}
+	if machine {
+		head = append(head, "idle %", "steal %")
 	}
 	rows := [][]string{head}
 	for _, r := range rs {
@@ -440,6 +476,13 @@ func WriteTable(w io.Writer, rs []*Result) error {
 				cell = fmt.Sprintf("%.1f", c.Wait.MicrosPerReq)
 			}
 			row = append(row, cell)
+		}
+		if machine {
+			if r.Machine != nil {
+				row = append(row, fmt.Sprintf("%.0f", r.Machine.IdlePct), fmt.Sprintf("%.0f", r.Machine.StealPct))
+			} else {
+				row = append(row, "-", "-")
+			}
 		}
 		rows = append(rows, row)
 	}

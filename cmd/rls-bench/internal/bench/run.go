@@ -196,6 +196,10 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bench %s: %w", o.Label, err)
 	}
+	mBefore, haveMachine, err := readCPUTicks(procStatPath)
+	if err != nil {
+		return nil, fmt.Errorf("bench %s: %w", o.Label, err)
+	}
 	before, err := readProbes(o.CPU)
 	if err != nil {
 		return nil, fmt.Errorf("bench %s: %w", o.Label, err)
@@ -208,11 +212,18 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bench %s: %w", o.Label, err)
 	}
+	mAfter, _, err := readCPUTicks(procStatPath)
+	if err != nil {
+		return nil, fmt.Errorf("bench %s: %w", o.Label, err)
+	}
 	hAfter, err := scrape()
 	if err != nil {
 		return nil, fmt.Errorf("bench %s: %w", o.Label, err)
 	}
 	r := newResult(o, m, before, after)
+	if haveMachine {
+		r.Machine = machineBetween(mBefore, mAfter)
+	}
 	if o.Server != nil {
 		if r.Server, err = serverLatency(hBefore, hAfter); err != nil {
 			return nil, fmt.Errorf("bench %s: %w", o.Label, err)
