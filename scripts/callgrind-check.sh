@@ -10,6 +10,16 @@
 #                                                 # MIX 3desc (default), 4limits,
 #                                                 # log1 or log100 (a sliding log)
 #
+#   CALLGRIND_OUT=FILE scripts/callgrind-check.sh ...  # also keep the measured
+#                                                 # pass's dump at FILE
+#
+# With CALLGRIND_OUT, `callgrind_annotate FILE` shows where the instructions
+# go. Debian's redis-server is stripped, so Lua's functions show as
+# addresses; a redis-server built from the same source with symbols (the
+# Debian source package's redis_7.0.15.orig.tar.gz, `make MALLOC=libc
+# BUILD_TLS=no`) first in PATH names them (docs/performance.md, "Redis
+# instructions").
+#
 # It starts redis-server under callgrind on a free loopback port, runs
 # BenchmarkCheckUnderCallgrind (pkg/redisbackend) against it, and prints the
 # instructions of the measured pass divided by its Checks: in all, and inside
@@ -61,6 +71,9 @@ dump="$TMP/callgrind.out.1"
 	echo "callgrind-check: no dump of the measured pass" >&2
 	exit 1
 }
+if [ -n "${CALLGRIND_OUT:-}" ]; then
+	cp "$dump" "$CALLGRIND_OUT"
+fi
 total="$(callgrind_annotate "$dump" | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')"
 # awk reads to the end: leaving early would end callgrind_annotate by
 # SIGPIPE, which pipefail and set -e turn into a silent exit 141.

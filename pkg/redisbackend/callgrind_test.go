@@ -1,7 +1,9 @@
 package redisbackend
 
 import (
+	"bytes"
 	"context"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -35,7 +37,12 @@ func TestCallgrindCheckScript(t *testing.T) {
 	// 0 after reporting why not.
 	measure := func(mix string, perCall int) int {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		out, err := exec.CommandContext(ctx, "bash", filepath.Join(root, "scripts", "callgrind-check.sh"), strconv.Itoa(perCall), mix).CombinedOutput()
+		cmd := exec.CommandContext(ctx, "bash", filepath.Join(root, "scripts", "callgrind-check.sh"), strconv.Itoa(perCall), mix)
+		// CALLGRIND_OUT keeps the measured pass's dump for
+		// callgrind_annotate: it must hold the same counts.
+		dump := filepath.Join(t.TempDir(), "callgrind.out")
+		cmd.Env = append(os.Environ(), "CALLGRIND_OUT="+dump)
+		out, err := cmd.CombinedOutput()
 		cancel()
 		if err != nil {
 			t.Errorf("callgrind-check.sh %d %s: %v\n%s", perCall, mix, err, out)
@@ -55,6 +62,9 @@ func TestCallgrindCheckScript(t *testing.T) {
 		}
 		if n[5] <= 0 || n[5] >= n[4] {
 			t.Errorf("callgrind-check.sh %d %s: %d instructions per Check, %d inside FCALL: want 0 < FCALL < all", perCall, mix, n[4], n[5])
+		}
+		if kept, err := os.ReadFile(dump); err != nil || !bytes.Contains(kept, []byte("\nevents: Ir\n")) {
+			t.Errorf("callgrind-check.sh %d %s: CALLGRIND_OUT=%s holds no callgrind dump (%v)", perCall, mix, dump, err)
 		}
 		t.Logf("%s, %d Checks per call: %d instructions per Check (%d inside FCALL)", mix, perCall, n[4], n[5])
 		return n[4]
