@@ -45,7 +45,10 @@
 # columns are each process's run-queue wait per request, summed over its
 # threads (/proc/<pid>/task/*/schedstat): thread-time runnable but not
 # running, a measure of how much the processes contend for the cores (not a
-# share of each request's latency). "idle %" and "steal %" are the whole
+# share of each request's latency). "redis cmds/req" and "redis reads/req"
+# are what Redis counted over the phase (INFO stats; a Cluster's masters
+# added up): commands, those a script runs included, and read events, about
+# one per round trip, per answered request. "idle %" and "steal %" are the whole
 # machine's, over the same phase (/proc/stat): CPU time no process used, and
 # CPU time the hypervisor gave to someone else while this VM had work. A run
 # that lost 10% or more to steal is named on stderr: on a shared VM that is
@@ -422,13 +425,13 @@ cluster_ok() ( # cluster_ok PORT: CLUSTER INFO says cluster_state:ok
 )
 
 if [ "$needs_rls" = 1 ]; then
-	REDIS_CPU=()
+	REDIS_PROBES=()
 	if [ "$BENCH_REDIS" = cluster ]; then
 		MASTERS=()
 		for i in 1 2 3; do
 			start_redis "redis$i" --cluster-enabled yes --cluster-config-file nodes.conf
 			MASTERS+=("127.0.0.1:$REDIS_PORT")
-			REDIS_CPU+=(--cpu "redis=$REDIS_PID")
+			REDIS_PROBES+=(--cpu "redis=$REDIS_PID" --redis-stats "redis://127.0.0.1:$REDIS_PORT")
 		done
 		redis-cli --cluster create "${MASTERS[@]}" --cluster-replicas 0 --cluster-yes >"$TMP/cluster-create.log" 2>&1 || {
 			cat "$TMP/cluster-create.log" >&2
@@ -448,16 +451,16 @@ if [ "$needs_rls" = 1 ]; then
 		# Also on its TCP port, which the readiness probe uses.
 		REDIS_SOCK="$(socket redis)"
 		start_redis redis --unixsocket "$REDIS_SOCK" --unixsocketperm 700
-		REDIS_CPU+=(--cpu "redis=$REDIS_PID")
+		REDIS_PROBES+=(--cpu "redis=$REDIS_PID" --redis-stats "unix://$REDIS_SOCK")
 		REDIS_FLAG=(--redis.url "unix://$REDIS_SOCK")
 	elif [ "$BENCH_REDIS" = tls ]; then
 		start_redis redis
 		log "redis: plain TCP on $REDIS_PORT (the readiness probe's), TLS on $REDIS_TLS_PORT"
-		REDIS_CPU+=(--cpu "redis=$REDIS_PID")
+		REDIS_PROBES+=(--cpu "redis=$REDIS_PID" --redis-stats "redis://127.0.0.1:$REDIS_PORT")
 		REDIS_FLAG=(--redis.url "rediss://127.0.0.1:$REDIS_TLS_PORT" --redis.tls.ca "$TMP/tls/ca.pem")
 	else
 		start_redis redis
-		REDIS_CPU+=(--cpu "redis=$REDIS_PID")
+		REDIS_PROBES+=(--cpu "redis=$REDIS_PID" --redis-stats "redis://127.0.0.1:$REDIS_PORT")
 		REDIS_FLAG=(--redis.url "redis://127.0.0.1:$REDIS_PORT")
 	fi
 
@@ -563,7 +566,7 @@ bench() {
 # rls_only LABEL ARGS...: one run against envoy-rls alone (what the
 # incumbent cannot express).
 rls_only() {
-	bench "$@" --addr "$RLS_ADDR" --cpu "rls=$RLS_PID" "${REDIS_CPU[@]}" \
+	bench "$@" --addr "$RLS_ADDR" --cpu "rls=$RLS_PID" "${REDIS_PROBES[@]}" \
 		--server-metrics "http://127.0.0.1:$RLS_HTTP/metrics" --server-histogram "$BENCH_SERVER_HISTOGRAM"
 }
 
@@ -574,7 +577,7 @@ rls() {
 	if [ -n "$INC_BIN" ]; then
 		local label="$1"
 		shift
-		bench "ratelimit: $label" "$@" --addr "$INC_ADDR" --cpu "rls=$INC_PID" "${REDIS_CPU[@]}"
+		bench "ratelimit: $label" "$@" --addr "$INC_ADDR" --cpu "rls=$INC_PID" "${REDIS_PROBES[@]}"
 	fi
 }
 

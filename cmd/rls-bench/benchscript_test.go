@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -228,6 +229,11 @@ func runBench(t *testing.T, want []row, env ...string) (stdoutText, stderrText s
 		t.Errorf("%d results, want %d (%v)", len(rs), len(want), want)
 	}
 
+	// The Redis servers whose INFO stats each row reads.
+	masters := 1
+	if slices.Contains(env, "BENCH_REDIS=cluster") {
+		masters = 3
+	}
 	// The hot key's admissions and denials, by server (envoy-rls: "").
 	hotOK, hotOver := map[string]int64{}, map[string]int64{}
 	for _, k := range want {
@@ -251,6 +257,9 @@ func runBench(t *testing.T, want []row, env ...string) (stdoutText, stderrText s
 			server, scenario = incumbentPrefix, rest
 		}
 		if scenario == "hot key (over)" {
+			if u := r.Redis; u == nil || u.Servers != masters {
+				t.Errorf("%q at %d callers: Redis figures %+v, want those of %d servers", k.label, k.callers, u, masters)
+			}
 			hotOK[server] += r.OK
 			hotOver[server] += r.OverLimit
 			continue
@@ -270,6 +279,20 @@ func runBench(t *testing.T, want []row, env ...string) (stdoutText, stderrText s
 			if c.Wait == nil {
 				t.Errorf("%q at %d callers: no run-queue wait of %s (does this kernel keep scheduler statistics, /proc/<pid>/schedstat?)", k.label, k.callers, c.Name)
 			}
+		}
+		// These rows go to Redis (the hot key's, above, is decided in
+		// envoy-rls's deny cache and the incumbent's local cache). On one
+		// Redis envoy-rls makes at most one round trip per request:
+		// coalescing only makes it fewer. The runs have no warm-up, so
+		// connections that envoy-rls opens during one add the round trips
+		// of their handshake (go-redis: HELLO, then CLIENT SETINFO),
+		// setupReads at most.
+		const setupReads = 16
+		if u := r.Redis; u == nil || u.Servers != masters || u.ReadsPerReq <= 0 || u.CommandsPerReq <= 0 {
+			t.Errorf("%q at %d callers: Redis figures %+v, want commands and reads of %d servers", k.label, k.callers, u, masters)
+		} else if answered := r.OK + r.OverLimit; server == "" && masters == 1 && u.Reads > answered+setupReads {
+			t.Errorf("%q at %d callers: %d Redis round trips (read events) for %d requests, want at most one each (and %d of connection set-up)",
+				k.label, k.callers, u.Reads, answered, setupReads)
 		}
 		if cpu["rls"] != 1 || cpu["redis"] != 1 || cpu["bench"] != 1 || len(cpu) != 3 {
 			t.Errorf("%q at %d callers: CPU of %v, want bench, rls and redis once each", k.label, k.callers, r.CPU)

@@ -145,6 +145,7 @@ func parseLoad(args []string, stderr io.Writer) (loadConfig, error) {
 		cfg         loadConfig
 		descriptors multiFlag
 		cpus        multiFlag
+		redisURLs   multiFlag
 		hits        uint
 		srvMetrics  string
 		srvHist     string
@@ -174,6 +175,7 @@ func parseLoad(args []string, stderr io.Writer) (loadConfig, error) {
 	fs.StringVar(&cfg.ceilingAddr, "ceiling-addr", "", "like --self-test, but against a do-nothing server at this address (rls-bench serve-noop), dialled with the same --tls.* settings as --addr")
 	fs.BoolVar(&cfg.isCeiling, "is-ceiling", false, "mark this run as a ceiling run (the target is a do-nothing server), for the report subcommand")
 	fs.Var(&cpus, "cpu", "name=pid (or name=self): report that process's CPU µs per request over the measured phase, and its threads' run-queue wait (runnable, waiting for a CPU) per request where Linux keeps scheduler statistics; repeatable, and probes of the same name add up (e.g. a Redis Cluster's masters)")
+	fs.Var(&redisURLs, "redis-stats", "URL of a Redis the target uses (redis://host:port, rediss://..., unix:///path): report the commands it processed and its read events (about one per round trip) per request over the measured phase, from INFO stats; repeatable, and the servers add up (a Redis Cluster's masters)")
 	fs.StringVar(&srvMetrics, "server-metrics", "", "URL of the target's Prometheus metrics (e.g. http://127.0.0.1:8080/metrics): report the target's own p50/p99 over the measured phase from --server-histogram")
 	fs.StringVar(&srvHist, "server-histogram", "envoy_rls_request_duration_seconds", "with --server-metrics: the target's latency histogram (in seconds; its series are added together)")
 	fs.Uint64Var(&o.Seed, "seed", 0, "seed of the random indexes (0: random)")
@@ -243,6 +245,12 @@ func parseLoad(args []string, stderr io.Writer) (loadConfig, error) {
 	} else if set["server-histogram"] {
 		return cfg, errors.New("--server-histogram needs --server-metrics")
 	}
+	for _, u := range redisURLs {
+		if err := bench.ParseRedisURL(u); err != nil {
+			return cfg, fmt.Errorf("--redis-stats: %w", err)
+		}
+		o.Redis = append(o.Redis, u)
+	}
 	for _, c := range cpus {
 		p, err := bench.ParseCPUProbe(c)
 		if err != nil {
@@ -262,8 +270,8 @@ func load(ctx context.Context, cfg loadConfig, stderr io.Writer) ([]*bench.Resul
 		co := cfg.opts
 		// The probed processes other than this one are idle during the
 		// ceiling run: keep only the probes of this process. The
-		// do-nothing server has no metrics.
-		co.CPU, co.Server = nil, nil
+		// do-nothing server has no metrics, and uses no Redis.
+		co.CPU, co.Server, co.Redis = nil, nil, nil
 		for _, p := range cfg.opts.CPU {
 			if p.PID == 0 {
 				co.CPU = append(co.CPU, p)

@@ -54,6 +54,9 @@ type Result struct {
 	// Server is the target's own latency over the measured phase, from its
 	// histogram (Options.Server); nil when not probed.
 	Server *ServerLatency `json:"server,omitempty"`
+	// Redis is what the Redis servers of Options.Redis did over the
+	// measured phase; nil when none was given (or a counter went back).
+	Redis *RedisUse `json:"redis,omitempty"`
 	// Machine is how the whole machine's CPU time was spent over the
 	// measured phase, the hypervisor's steal included; nil where the kernel
 	// does not say (not Linux).
@@ -287,6 +290,24 @@ func Medians(rs []*Result) []*Result {
 			}
 			m.CPU = append(m.CPU, u)
 		}
+		m.Redis = nil
+		var rus []*RedisUse
+		for _, r := range g {
+			if r.Redis != nil {
+				rus = append(rus, r.Redis)
+			}
+		}
+		if len(rus) > 0 { // the median of the runs that measured it
+			m.Redis = &RedisUse{
+				Servers:        rus[0].Servers,
+				CommandsPerReq: medianOf(rus, func(x *RedisUse) float64 { return x.CommandsPerReq }),
+				ReadsPerReq:    medianOf(rus, func(x *RedisUse) float64 { return x.ReadsPerReq }),
+			}
+			for _, x := range rus {
+				m.Redis.Commands += x.Commands
+				m.Redis.Reads += x.Reads
+			}
+		}
 		m.Machine = nil
 		var mach []*Machine
 		for _, r := range g {
@@ -390,6 +411,7 @@ func ReadJSON(rd io.Reader) ([]*Result, error) {
 // server's own p50 and p99 when any result has them, one "<name> µs/req"
 // column per CPU probe name seen in any result, then one "<name> wait
 // µs/req" column (run-queue wait) per name that any result has a wait of,
+// Redis's commands and read events per request when any result has them,
 // the machine's idle and steal shares when any result has them, and the
 // fraction of the ceiling when known. Latencies are in milliseconds.
 func WriteTable(w io.Writer, rs []*Result) error {
@@ -409,10 +431,11 @@ func WriteTable(w io.Writer, rs []*Result) error {
 			}
 		}
 	}
-	runs, server, machine := false, false, false
+	runs, server, redisUse, machine := false, false, false, false
 	for _, r := range rs {
 		runs = runs || r.Runs > 1
 		server = server || r.Server != nil
+		redisUse = redisUse || r.Redis != nil
 		machine = machine || r.Machine != nil
 	}
 	head := []string{"label", "target", "callers", "rps", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms", "OK", "OVER_LIMIT", "errors", "ceiling"}
@@ -427,6 +450,9 @@ func WriteTable(w io.Writer, rs []*Result) error {
 	}
 	for _, n := range waitNames {
 		head = append(head, n+" wait µs/req")
+	}
+	if redisUse {
+		head = append(head, "redis cmds/req", "redis reads/req")
 	}
 	if machine {
 		head = append(head, "idle %", "steal %")
@@ -476,6 +502,13 @@ func WriteTable(w io.Writer, rs []*Result) error {
 				cell = fmt.Sprintf("%.1f", c.Wait.MicrosPerReq)
 			}
 			row = append(row, cell)
+		}
+		if redisUse {
+			if r.Redis != nil {
+				row = append(row, fmt.Sprintf("%.2f", r.Redis.CommandsPerReq), fmt.Sprintf("%.2f", r.Redis.ReadsPerReq))
+			} else {
+				row = append(row, "-", "-")
+			}
 		}
 		if machine {
 			if r.Machine != nil {

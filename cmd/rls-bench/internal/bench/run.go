@@ -89,6 +89,11 @@ type Options struct {
 	// and after the measured phase (Result.Server); each scrape is bounded
 	// by ConnectTimeout.
 	Server *ServerHistogram
+	// Redis lists URLs (redis://, rediss://, unix://) of the Redis servers
+	// the target uses, whose INFO stats are read before and after the
+	// measured phase (Result.Redis); each read is bounded by
+	// ConnectTimeout. A Cluster's masters add up.
+	Redis []string
 	// Seed makes the index sequence reproducible; 0 picks a random seed.
 	Seed uint64
 	// FullDecode decodes every response whole, as a generated client does.
@@ -141,6 +146,11 @@ func (o Options) withDefaults() (Options, error) {
 		// grpc-go would ignore a smaller window without a word.
 		return o, fmt.Errorf("--conn-window %d: must be 0 or from 65535 to %d bytes", o.ConnWindow, math.MaxInt32)
 	}
+	for _, u := range o.Redis {
+		if err := ParseRedisURL(u); err != nil {
+			return o, err
+		}
+	}
 	if o.Seed == 0 {
 		o.Seed = rand.Uint64()
 	}
@@ -177,6 +187,13 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return nil, fmt.Errorf("bench %s: %w", o.Label, err)
 	}
 	defer closeAll()
+	var rp *redisProbes
+	if len(o.Redis) > 0 {
+		if rp, err = openRedisProbes(ctx, o.Redis, o.ConnectTimeout); err != nil {
+			return nil, fmt.Errorf("bench %s: %w", o.Label, err)
+		}
+		defer rp.close()
+	}
 
 	if o.Warmup > 0 {
 		wo := o
@@ -195,6 +212,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	hBefore, err := scrape()
 	if err != nil {
 		return nil, fmt.Errorf("bench %s: %w", o.Label, err)
+	}
+	var rBefore, rAfter []redisStats
+	if rp != nil {
+		if rBefore, err = rp.read(ctx); err != nil {
+			return nil, fmt.Errorf("bench %s: %w", o.Label, err)
+		}
 	}
 	mBefore, haveMachine, err := readCPUTicks(procStatPath)
 	if err != nil {
@@ -216,6 +239,11 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bench %s: %w", o.Label, err)
 	}
+	if rp != nil {
+		if rAfter, err = rp.read(ctx); err != nil {
+			return nil, fmt.Errorf("bench %s: %w", o.Label, err)
+		}
+	}
 	hAfter, err := scrape()
 	if err != nil {
 		return nil, fmt.Errorf("bench %s: %w", o.Label, err)
@@ -223,6 +251,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	r := newResult(o, m, before, after)
 	if haveMachine {
 		r.Machine = machineBetween(mBefore, mAfter)
+	}
+	if rp != nil {
+		r.Redis = redisUseBetween(rBefore, rAfter, r.OK+r.OverLimit)
 	}
 	if o.Server != nil {
 		if r.Server, err = serverLatency(hBefore, hAfter); err != nil {
