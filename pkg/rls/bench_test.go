@@ -2,6 +2,7 @@ package rls
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"testing"
 
@@ -267,6 +268,28 @@ func BenchmarkEncodeResponse(b *testing.B) {
 					b.Fatal(err)
 				}
 				enc.Free()
+			}
+		})
+	}
+}
+
+// BenchmarkRespond builds the response to requests of one, three and four
+// descriptors (metaCases: "ok", "three_descriptors_ok",
+// "several_descriptors"), the part of ShouldRateLimit after the limiter:
+//
+//	go test -tags vtprotobuf -run '^$' -bench Respond -benchmem ./pkg/rls
+func BenchmarkRespond(b *testing.B) {
+	for _, c := range metaCases() {
+		if c.name != "ok" && c.name != "three_descriptors_ok" && c.name != "several_descriptors" {
+			continue
+		}
+		b.Run(fmt.Sprintf("%ddesc", len(c.limits)), func(b *testing.B) {
+			svc := &Service{headers: c.mode}
+			req, sc := c.scratch()
+			b.ReportAllocs()
+			for b.Loop() {
+				sc.hdr, sc.hdrNames, sc.hdrEnds = sc.hdr[:0], sc.hdrNames[:0], sc.hdrEnds[:0]
+				svc.respond(req, sc)
 			}
 		})
 	}

@@ -138,6 +138,16 @@ func metaCases() []metaCase {
 			{rule: rule, name: "c", retry: time.Second, source: limiter.SourceFallback},
 			{rule: noID, name: "d", allowed: true, remaining: 0},
 		}},
+		{name: "three_descriptors_ok", domain: "edge", mode: HeadersIETF, top: 2, limits: []metaLimit{
+			{rule: rule, name: "per_ip", allowed: true, remaining: 90},
+			{rule: noID, name: "per_user", allowed: true, remaining: 9},
+			{rule: rule, name: "per_route", allowed: true, remaining: 5},
+		}},
+		{name: "three_descriptors_over_limit", domain: "edge", mode: HeadersDraft03, top: 1, limits: []metaLimit{
+			{rule: rule, name: "per_ip", allowed: true, remaining: 90},
+			{rule: noID, name: "per_user", retry: 3 * time.Second},
+			{rule: rule, name: "per_route", allowed: true, remaining: 5},
+		}},
 		{name: "long_utf8_names", domain: strings.Repeat("d", 130), mode: HeadersIETF, limits: []metaLimit{
 			{rule: long, name: "límite " + strings.Repeat("x", 120), allowed: true, remaining: 12345},
 		}},
@@ -272,14 +282,20 @@ func TestBlockSizes(t *testing.T) {
 	if n := unsafe.Sizeof(fullBlock{}); n > 1536 || n <= 1408 {
 		t.Errorf("fullBlock is %d bytes, want (1408, 1536]", n)
 	}
+	if n := unsafe.Sizeof(okBlock4{}); n > 1536 || n <= 1408 {
+		t.Errorf("okBlock4 is %d bytes, want (1408, 1536]", n)
+	}
+	if n := unsafe.Sizeof(fullBlock4{}); n > 2048 || n <= 1792 {
+		t.Errorf("fullBlock4 is %d bytes, want (1792, 2048]", n)
+	}
 }
 
-// TestRespondAllocations checks that a response of up to two descriptors
+// TestRespondAllocations checks that a response of up to four descriptors
 // with short names is two allocations, OK or OVER_LIMIT: its block (with
 // its headers, body and metadata) and the string of its header values.
 func TestRespondAllocations(t *testing.T) {
 	for _, c := range metaCases() {
-		if len(c.limits) > smallResponse || len(c.domain) > 10 || c.name == "unknown_source" {
+		if len(c.limits) > mediumResponse || len(c.domain) > 10 || c.name == "unknown_source" {
 			continue // more descriptors, long names, or a Source that fmt names
 		}
 		t.Run(c.name, func(t *testing.T) {

@@ -56,9 +56,16 @@ func outcomeOf(q *limiter.Request, r *limiter.Result) Outcome {
 	return OutcomeOK
 }
 
-// smallResponse is the largest number of request descriptors whose
-// response is allocated as one respBlock.
-const smallResponse = 2
+// smallResponse and mediumResponse are the largest numbers of request
+// descriptors whose response is allocated as one respBlock or one
+// respBlock4. Two sizes, so that the usual one or two descriptors do not
+// pay for four (every byte allocated brings the next collection nearer),
+// while three or four (IP, tenant, user, route…) still cost one allocation
+// instead of seven.
+const (
+	smallResponse  = 2
+	mediumResponse = 4
+)
 
 // respBlock holds every message of the response to a request of at most
 // smallResponse descriptors but its headers, so that building it costs one
@@ -95,6 +102,85 @@ type fullBlock struct {
 	hdrs  [5]*corev3.HeaderValue
 	hv    [5]corev3.HeaderValue
 	bytes [424]byte
+}
+
+// respBlock4 is respBlock for up to mediumResponse descriptors.
+type respBlock4 struct {
+	resp     rlsv3.RateLimitResponse
+	statuses [mediumResponse]*rlsv3.RateLimitResponse_DescriptorStatus
+	sts      [mediumResponse]rlsv3.RateLimitResponse_DescriptorStatus
+	lims     [mediumResponse]rlsv3.RateLimitResponse_RateLimit
+	durs     [mediumResponse]durationpb.Duration
+}
+
+// okBlock4 is okBlock for up to mediumResponse descriptors, filling the
+// 1536-byte size class: its bytes hold the metadata with about 130 bytes
+// of names (a longer metadata takes an allocation of its own; see cut).
+type okBlock4 struct {
+	respBlock4
+	hdrs  [2]*corev3.HeaderValue
+	hv    [2]corev3.HeaderValue
+	bytes [304]byte
+}
+
+// fullBlock4 is fullBlock for up to mediumResponse descriptors, filling the
+// 2048-byte size class.
+type fullBlock4 struct {
+	respBlock4
+	hdrs  [5]*corev3.HeaderValue
+	hv    [5]corev3.HeaderValue
+	bytes [504]byte
+}
+
+// responseBlock is a block that holds a whole response: its messages, for
+// n descriptors of which withLimit have a limit (parts: resp's statuses are
+// set), and room for its headers, body and metadata.
+type responseBlock interface {
+	parts(n, withLimit int) (*rlsv3.RateLimitResponse, []rlsv3.RateLimitResponse_DescriptorStatus, []rlsv3.RateLimitResponse_RateLimit, []durationpb.Duration)
+	room() ([]*corev3.HeaderValue, []corev3.HeaderValue, []byte)
+}
+
+func (b *respBlock) parts(n, withLimit int) (*rlsv3.RateLimitResponse, []rlsv3.RateLimitResponse_DescriptorStatus, []rlsv3.RateLimitResponse_RateLimit, []durationpb.Duration) {
+	b.resp.Statuses = b.statuses[:n:n]
+	return &b.resp, b.sts[:n:n], b.lims[:withLimit:withLimit], b.durs[:withLimit:withLimit]
+}
+
+func (b *respBlock4) parts(n, withLimit int) (*rlsv3.RateLimitResponse, []rlsv3.RateLimitResponse_DescriptorStatus, []rlsv3.RateLimitResponse_RateLimit, []durationpb.Duration) {
+	b.resp.Statuses = b.statuses[:n:n]
+	return &b.resp, b.sts[:n:n], b.lims[:withLimit:withLimit], b.durs[:withLimit:withLimit]
+}
+
+func (b *okBlock) room() ([]*corev3.HeaderValue, []corev3.HeaderValue, []byte) {
+	return b.hdrs[:], b.hv[:], b.bytes[:0]
+}
+
+func (b *fullBlock) room() ([]*corev3.HeaderValue, []corev3.HeaderValue, []byte) {
+	return b.hdrs[:], b.hv[:], b.bytes[:0]
+}
+
+func (b *okBlock4) room() ([]*corev3.HeaderValue, []corev3.HeaderValue, []byte) {
+	return b.hdrs[:], b.hv[:], b.bytes[:0]
+}
+
+func (b *fullBlock4) room() ([]*corev3.HeaderValue, []corev3.HeaderValue, []byte) {
+	return b.hdrs[:], b.hv[:], b.bytes[:0]
+}
+
+// newBlock returns a block for a response of n descriptors with nh
+// headers, or nil when none is large enough.
+func newBlock(n, nh int) responseBlock {
+	few := nh <= len(okBlock{}.hv)
+	switch {
+	case n <= smallResponse && few:
+		return new(okBlock)
+	case n <= smallResponse:
+		return new(fullBlock)
+	case n <= mediumResponse && few:
+		return new(okBlock4)
+	case n <= mediumResponse:
+		return new(fullBlock4)
+	}
+	return nil
 }
 
 // hdrBlock holds the headers of a response too large for a respBlock.
@@ -160,7 +246,6 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch) *rlsv3.RateL
 		}
 	}
 	var (
-		blk   *respBlock
 		hdrs  []*corev3.HeaderValue // room for the headers
 		hv    []corev3.HeaderValue
 		spare []byte // room for the body and the metadata
@@ -169,19 +254,13 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch) *rlsv3.RateL
 		lims  []rlsv3.RateLimitResponse_RateLimit
 		durs  []durationpb.Duration
 	)
-	if n <= smallResponse {
-		if s.headerCount(sc) <= len(okBlock{}.hv) {
-			b := new(okBlock)
-			blk, hdrs, hv, spare = &b.respBlock, b.hdrs[:], b.hv[:], b.bytes[:0]
-		} else {
-			b := new(fullBlock)
-			blk, hdrs, hv, spare = &b.respBlock, b.hdrs[:], b.hv[:], b.bytes[:0]
-		}
-		resp = &blk.resp
-		resp.Statuses = blk.statuses[:n:n]
-		sts = blk.sts[:n:n]
-		lims = blk.lims[:withLimit:withLimit]
-		durs = blk.durs[:withLimit:withLimit]
+	var blk responseBlock
+	if n <= mediumResponse {
+		blk = newBlock(n, s.headerCount(sc))
+	}
+	if blk != nil {
+		resp, sts, lims, durs = blk.parts(n, withLimit)
+		hdrs, hv, spare = blk.room()
 	} else {
 		resp = &rlsv3.RateLimitResponse{Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)}
 		sts = make([]rlsv3.RateLimitResponse_DescriptorStatus, n)
