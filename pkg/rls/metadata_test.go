@@ -148,6 +148,11 @@ func metaCases() []metaCase {
 			{rule: noID, name: "per_user", retry: 3 * time.Second},
 			{rule: rule, name: "per_route", allowed: true, remaining: 5},
 		}},
+		{name: "three_descriptors_over_limit_no_headers", domain: "edge", mode: HeadersNone, top: 2, limits: []metaLimit{
+			{rule: rule, name: "per_ip", allowed: true, remaining: 90},
+			{rule: noID, name: "per_user", allowed: true, remaining: 9},
+			{rule: rule, name: "per_route", retry: 2 * time.Second},
+		}},
 		{name: "long_utf8_names", domain: strings.Repeat("d", 130), mode: HeadersIETF, limits: []metaLimit{
 			{rule: long, name: "límite " + strings.Repeat("x", 120), allowed: true, remaining: 12345},
 		}},
@@ -303,11 +308,16 @@ func TestRespondAllocations(t *testing.T) {
 			req, sc := c.scratch()
 			// headerCount sizes the block before addHeaders runs: the two
 			// must agree.
-			if n, got := svc.headerCount(sc), len(svc.respond(req, sc).ResponseHeadersToAdd); n != got {
+			r := svc.respond(req, sc)
+			n, body := svc.headerCount(sc)
+			if got := len(r.ResponseHeadersToAdd); n != got {
 				t.Fatalf("headerCount = %d, but the response has %d headers", n, got)
 			}
+			if body != (r.RawBody != nil) {
+				t.Fatalf("headerCount's body = %v, but the response's body is %q", body, r.RawBody)
+			}
 			want := 2.0
-			if svc.headerCount(sc) == 0 {
+			if n == 0 {
 				want = 1
 			}
 			got := testing.AllocsPerRun(100, func() {

@@ -113,9 +113,10 @@ type respBlock4 struct {
 	durs     [mediumResponse]durationpb.Duration
 }
 
-// okBlock4 is okBlock for up to mediumResponse descriptors, filling the
-// 1536-byte size class: its bytes hold the metadata with about 130 bytes
-// of names (a longer metadata takes an allocation of its own; see cut).
+// okBlock4 is okBlock for up to mediumResponse descriptors and an answer
+// without a body (see newBlock), filling the 1536-byte size class: its
+// bytes hold the metadata with about 130 bytes of names (a longer metadata
+// takes an allocation of its own; see cut).
 type okBlock4 struct {
 	respBlock4
 	hdrs  [2]*corev3.HeaderValue
@@ -167,15 +168,18 @@ func (b *fullBlock4) room() ([]*corev3.HeaderValue, []corev3.HeaderValue, []byte
 }
 
 // newBlock returns a block for a response of n descriptors with nh
-// headers, or nil when none is large enough.
-func newBlock(n, nh int) responseBlock {
+// headers, and a problem+json body when body is set, or nil when none is
+// large enough. An okBlock holds two headers, a body and the metadata; an
+// okBlock4 only two headers and the metadata (an OVER_LIMIT answer in
+// HeadersNone mode, two headers and a body, takes a fullBlock4).
+func newBlock(n, nh int, body bool) responseBlock {
 	few := nh <= len(okBlock{}.hv)
 	switch {
 	case n <= smallResponse && few:
 		return new(okBlock)
 	case n <= smallResponse:
 		return new(fullBlock)
-	case n <= mediumResponse && few:
+	case n <= mediumResponse && few && !body:
 		return new(okBlock4)
 	case n <= mediumResponse:
 		return new(fullBlock4)
@@ -191,8 +195,9 @@ type hdrBlock struct {
 
 // headerCount is the number of headers addHeaders sets for the results in
 // sc: none when no enforced limit was checked, else those of the header
-// mode, and Retry-After and Content-Type when an enforced limit denied.
-func (s *Service) headerCount(sc *scratch) int {
+// mode, and Retry-After and Content-Type when an enforced limit denied; body
+// reports the latter, when addHeaders writes a problem+json body too.
+func (s *Service) headerCount(sc *scratch) (n int, body bool) {
 	enforced, over := false, false
 	for k := range sc.reqs {
 		if !sc.reqs[k].Shadow {
@@ -203,7 +208,6 @@ func (s *Service) headerCount(sc *scratch) int {
 			}
 		}
 	}
-	n := 0
 	if enforced {
 		switch s.headers {
 		case HeadersIETF:
@@ -215,7 +219,7 @@ func (s *Service) headerCount(sc *scratch) int {
 	if over {
 		n += 2
 	}
-	return n
+	return n, over
 }
 
 // cut returns a copy of b in the front of spare (an empty slice with room
@@ -256,7 +260,8 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, sc *scratch) *rlsv3.RateL
 	)
 	var blk responseBlock
 	if n <= mediumResponse {
-		blk = newBlock(n, s.headerCount(sc))
+		nh, body := s.headerCount(sc)
+		blk = newBlock(n, nh, body)
 	}
 	if blk != nil {
 		resp, sts, lims, durs = blk.parts(n, withLimit)

@@ -19,8 +19,9 @@ import (
 // per round trip, whatever a pipeline or script carries), summed over the
 // servers and per answered request. It says how many round trips a server
 // makes to Redis per decision, which any server can be measured by. The
-// two INFO commands are not counted; every other client's are, so nothing
-// else should use the servers during the run.
+// two INFO commands are not counted; every other client's are, an idle
+// one's keep-alive PINGs included, so nothing else should use the servers
+// during the run.
 type RedisUse struct {
 	Servers        int     `json:"servers"`
 	Commands       int64   `json:"commands"`
