@@ -114,8 +114,13 @@ func TestMachineInResults(t *testing.T) {
 		{Label: "a", Mode: "closed", Callers: 16},
 		{Label: "a", Mode: "closed", Callers: 16, Machine: &Machine{BusyPct: 80, IdlePct: 10, StealPct: 10}},
 	}
+	runs[0].Redis = &RedisUse{Servers: 1, Commands: 10, Reads: 4, CommandsPerReq: 2, ReadsPerReq: 0.75}
+	runs[2].Redis = &RedisUse{Servers: 1, Commands: 30, Reads: 6, CommandsPerReq: 4, ReadsPerReq: 0.25}
 	m := Medians(runs)
 	if len(m) != 1 || m[0].Machine == nil || *m[0].Machine != (Machine{BusyPct: 70, IdlePct: 10, StealPct: 20}) {
 		t.Errorf("median machine = %+v, want the median of the two runs that have one", m[0].Machine)
+	}
+	if want := (RedisUse{Servers: 1, Commands: 40, Reads: 10, CommandsPerReq: 3, ReadsPerReq: 0.5}); m[0].Redis == nil || *m[0].Redis != want {
+		t.Errorf("median Redis figures = %+v, want the medians of the two runs that have them and their counts summed (%+v)", m[0].Redis, want)
 	}
 }

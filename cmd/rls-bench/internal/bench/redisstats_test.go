@@ -3,14 +3,12 @@ package bench
 import (
 	"bytes"
 	"context"
-	"net"
 	"strings"
 	"testing"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/grpc"
 
 	"github.com/envoy-rls/envoy-rls/internal/testenv"
 )
@@ -85,23 +83,10 @@ func TestRunCountsRedisRoundTrips(t *testing.T) {
 		}
 		srv.conns <- c
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	rlsv3.RegisterRateLimitServiceServer(gs, srv)
-	done := make(chan error, 1)
-	go func() { done <- gs.Serve(lis) }()
-	t.Cleanup(func() {
-		gs.Stop()
-		if err := <-done; err != nil {
-			t.Errorf("server: %v", err)
-		}
-	})
+	addr := serveRLS(t, srv)
 
 	res, err := Run(ctx, Options{
-		Addr:        lis.Addr().String(),
+		Addr:        addr,
 		Concurrency: 5,
 		Requests:    300,
 		Descriptors: mustTemplates(t, "remote_address=10.0.{i}"),
@@ -126,7 +111,7 @@ func TestRunCountsRedisRoundTrips(t *testing.T) {
 		t.Errorf("table lacks the Redis figures:\n%s", tbl.String())
 	}
 
-	if _, err := Run(ctx, Options{Addr: lis.Addr().String(), Requests: 1, Descriptors: mustTemplates(t, "k=v"), Redis: []string{"http://" + rs.Addr}}); err == nil ||
+	if _, err := Run(ctx, Options{Addr: addr, Requests: 1, Descriptors: mustTemplates(t, "k=v"), Redis: []string{"http://" + rs.Addr}}); err == nil ||
 		!strings.Contains(err.Error(), "http://"+rs.Addr) {
 		t.Errorf("Run with a Redis URL of another scheme: %v, want an error naming it", err)
 	}

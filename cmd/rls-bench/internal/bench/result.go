@@ -290,14 +290,10 @@ func Medians(rs []*Result) []*Result {
 			}
 			m.CPU = append(m.CPU, u)
 		}
+		// The Redis and machine figures: the median of the runs that
+		// measured them.
 		m.Redis = nil
-		var rus []*RedisUse
-		for _, r := range g {
-			if r.Redis != nil {
-				rus = append(rus, r.Redis)
-			}
-		}
-		if len(rus) > 0 { // the median of the runs that measured it
+		if rus := measured(g, func(r *Result) *RedisUse { return r.Redis }); len(rus) > 0 {
 			m.Redis = &RedisUse{
 				Servers:        rus[0].Servers,
 				CommandsPerReq: medianOf(rus, func(x *RedisUse) float64 { return x.CommandsPerReq }),
@@ -309,13 +305,7 @@ func Medians(rs []*Result) []*Result {
 			}
 		}
 		m.Machine = nil
-		var mach []*Machine
-		for _, r := range g {
-			if r.Machine != nil {
-				mach = append(mach, r.Machine)
-			}
-		}
-		if len(mach) > 0 { // the median of the runs that measured it
+		if mach := measured(g, func(r *Result) *Machine { return r.Machine }); len(mach) > 0 {
 			m.Machine = &Machine{
 				BusyPct:  medianOf(mach, func(x *Machine) float64 { return x.BusyPct }),
 				IdlePct:  medianOf(mach, func(x *Machine) float64 { return x.IdlePct }),
@@ -342,6 +332,17 @@ func Medians(rs []*Result) []*Result {
 			}
 		}
 		out = append(out, &m)
+	}
+	return out
+}
+
+// measured returns f of each run that has it (not nil).
+func measured[T any](rs []*Result, f func(*Result) *T) []*T {
+	var out []*T
+	for _, r := range rs {
+		if x := f(r); x != nil {
+			out = append(out, x)
+		}
 	}
 	return out
 }

@@ -119,21 +119,28 @@ func (j *judgeServer) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitReq
 func startJudge(t *testing.T) (*judgeServer, string) {
 	t.Helper()
 	j := &judgeServer{domains: map[string]int{}, hits: map[uint32]int{}, users: map[int64]bool{}}
+	return j, serveRLS(t, j)
+}
+
+// serveRLS serves s on a free loopback port until the test ends, and
+// returns its address.
+func serveRLS(t *testing.T, s rlsv3.RateLimitServiceServer) string {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := grpc.NewServer()
-	rlsv3.RegisterRateLimitServiceServer(srv, j)
+	rlsv3.RegisterRateLimitServiceServer(srv, s)
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(lis) }()
 	t.Cleanup(func() {
 		srv.Stop()
 		if err := <-done; err != nil {
-			t.Errorf("judge server: %v", err)
+			t.Errorf("test server: %v", err)
 		}
 	})
-	return j, lis.Addr().String()
+	return lis.Addr().String()
 }
 
 // TestRunSendsTemplatesAndClassifies checks the requests and the counts,

@@ -2,14 +2,11 @@ package bench
 
 import (
 	"context"
-	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/envoy-rls/envoy-rls/internal/testenv"
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc"
 )
 
 // TestConnWindowSparesClientPings: with a fixed ConnWindow the generator
@@ -24,15 +21,7 @@ func TestConnWindowSparesClientPings(t *testing.T) {
 		{window: 1 << 20, wantPings: false, wantIncrease: 1<<20 - 65535},
 		{window: 0, wantPings: true},
 	} {
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv := grpc.NewServer()
-		rlsv3.RegisterRateLimitServiceServer(srv, noopService{})
-		done := make(chan error, 1)
-		go func() { done <- srv.Serve(lis) }()
-		tap := testenv.StartTapProxy(t, lis.Addr().String())
+		tap := testenv.StartTapProxy(t, serveRLS(t, noopService{}))
 		res, err := Run(context.Background(), Options{
 			Addr:        tap.Addr(),
 			Connections: 1,
@@ -50,10 +39,6 @@ func TestConnWindowSparesClientPings(t *testing.T) {
 		}
 		// Run closed its connections: H2Frames has every byte they carried.
 		fromClient, _ := tap.H2Frames(t)
-		srv.Stop()
-		if serr := <-done; serr != nil {
-			t.Errorf("server: %v", serr)
-		}
 		if (fromClient.Pings > 0) != tc.wantPings {
 			t.Errorf("ConnWindow %d: the client sent %d PINGs over 50 calls; want PINGs: %v", tc.window, fromClient.Pings, tc.wantPings)
 		}
