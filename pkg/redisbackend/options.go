@@ -198,39 +198,31 @@ func validatePrefix(p string) error {
 // every command, a recvfrom(MSG_PEEK) system call and three allocations per
 // call, and envoy-rls uses nothing that RESP3 adds.
 func (o *Options) newClient(topo topology) (redis.UniversalClient, error) {
+	// Cluster and Sentinel share these, through go-redis's own conversions.
+	u := &redis.UniversalOptions{
+		Username:              o.Username,
+		Password:              o.Password,
+		Dialer:                o.dialer(0),
+		PoolSize:              o.PoolSize,
+		Protocol:              2,
+		MaxRetries:            -1,
+		DialerRetries:         1,
+		ContextTimeoutEnabled: true,
+	}
 	switch topo {
 	case topoCluster:
-		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:      o.ClusterAddrs,
-			Username:   o.Username,
-			Password:   o.Password,
-			Dialer:     o.dialer(0),
-			PoolSize:   o.PoolSize,
-			Protocol:   2,
-			MaxRetries: -1,
-			// No sleep before a pipeline follows MOVED or ASK (go-redis's
-			// 10 ms minimum otherwise): a redirected command did not run,
-			// and every script call is noRetry, so this backoff applies to
-			// redirections alone.
-			MinRetryBackoff:       -1,
-			DialerRetries:         1,
-			ContextTimeoutEnabled: true,
-		}), nil
+		u.Addrs = o.ClusterAddrs
+		co := u.Cluster()
+		// No sleep before a pipeline follows MOVED or ASK (go-redis's 10 ms
+		// minimum otherwise): a redirected command did not run, and every
+		// script call is noRetry, so this backoff applies to redirections
+		// alone.
+		co.MinRetryBackoff = -1
+		return redis.NewClusterClient(co), nil
 	case topoSentinel:
-		return redis.NewFailoverClient(&redis.FailoverOptions{
-			MasterName:            o.SentinelMaster,
-			SentinelAddrs:         o.SentinelAddrs,
-			SentinelUsername:      o.SentinelUsername,
-			SentinelPassword:      o.SentinelPassword,
-			Username:              o.Username,
-			Password:              o.Password,
-			Dialer:                o.dialer(0),
-			PoolSize:              o.PoolSize,
-			Protocol:              2,
-			MaxRetries:            -1,
-			DialerRetries:         1,
-			ContextTimeoutEnabled: true,
-		}), nil
+		u.Addrs, u.MasterName = o.SentinelAddrs, o.SentinelMaster
+		u.SentinelUsername, u.SentinelPassword = o.SentinelUsername, o.SentinelPassword
+		return redis.NewFailoverClient(u.Failover()), nil
 	default:
 		ro, err := redis.ParseURL(o.URL)
 		if err != nil {
