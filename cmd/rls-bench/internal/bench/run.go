@@ -146,11 +146,6 @@ func (o Options) withDefaults() (Options, error) {
 		// grpc-go would ignore a smaller window without a word.
 		return o, fmt.Errorf("--conn-window %d: must be 0 or from 65535 to %d bytes", o.ConnWindow, math.MaxInt32)
 	}
-	for _, u := range o.Redis {
-		if err := ParseRedisURL(u); err != nil {
-			return o, err
-		}
-	}
 	if o.Seed == 0 {
 		o.Seed = rand.Uint64()
 	}
