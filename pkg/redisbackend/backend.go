@@ -481,12 +481,12 @@ func at(idx []int, j int) int {
 }
 
 // replyLen is the length in bytes of a group's part of check.lua's reply:
-// 2 + 4 (6 with alt) little-endian 64-bit integers per request.
+// 2 + 3 (5 with alt) little-endian 64-bit integers per request.
 func replyLen(n int, alt bool) int {
 	if alt {
-		return 8 * (2 + 6*n)
+		return 8 * (2 + 5*n)
 	}
-	return 8 * (2 + 4*n)
+	return 8 * (2 + 3*n)
 }
 
 // decodeReply writes the results of the requests reqs[idx[j]] (all of reqs
@@ -494,13 +494,14 @@ func replyLen(n int, alt bool) int {
 // replyLen. With alt non-nil it reads the figures without consumption too.
 // It returns the group's clock and whether it consumed.
 func decodeReply(v string, idx []int, results []limiter.Result, alt []figures) (now int64, committed bool, err error) {
-	stride := 4
+	stride := 3
 	if alt != nil {
-		stride = 6
+		stride = 5
 	}
 	var bad bool
+	int64At := func(i int) int64 { return int64(binary.LittleEndian.Uint64([]byte(v[8*i : 8*i+8]))) }
 	num := func(i int) int64 {
-		x := int64(binary.LittleEndian.Uint64([]byte(v[8*i : 8*i+8])))
+		x := int64At(i)
 		if x < 0 {
 			bad = true
 		}
@@ -510,19 +511,25 @@ func decodeReply(v string, idx []int, results []limiter.Result, alt []figures) (
 	committed = num(1) == 1
 	for j := 0; 8*(2+stride*j) < len(v); j++ {
 		r := 2 + stride*j
+		// The decision: remaining when allowed, -1 - remaining when denied.
+		d := int64At(r)
+		allowed, remaining := d >= 0, d
+		if !allowed {
+			remaining = -1 - d
+		}
 		results[at(idx, j)] = limiter.Result{
-			Allowed:    num(r) == 1,
-			Remaining:  uint64(num(r + 1)),
-			ResetAfter: limiter.Millis(num(r + 2)),
-			RetryAfter: limiter.Millis(num(r + 3)),
+			Allowed:    allowed,
+			Remaining:  uint64(remaining),
+			ResetAfter: limiter.Millis(num(r + 1)),
+			RetryAfter: limiter.Millis(num(r + 2)),
 			Source:     limiter.SourceStore,
 		}
 		if alt != nil {
-			alt[j] = figures{remaining: uint64(num(r + 4)), reset: limiter.Millis(num(r + 5))}
+			alt[j] = figures{remaining: uint64(num(r + 3)), reset: limiter.Millis(num(r + 4))}
 		}
 	}
 	if bad {
-		return 0, false, errors.New("reply holds a value that is not a non-negative integer")
+		return 0, false, errors.New("reply holds a negative value where a non-negative integer belongs")
 	}
 	return now, committed, nil
 }

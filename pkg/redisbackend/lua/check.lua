@@ -30,10 +30,12 @@
 -- per group in order:
 --   now (the clock the group was decided at), 1 if the group consumed (no
 --   non-shadow request was denied) else 0, then per request, in order:
---   allowed (0/1), remaining, reset_ms, retry_ms, and with alt = 1 also
---   remaining0, reset0: remaining and reset as they are without this group's
---   consumption (the Cluster driver needs them when another slot vetoed the
---   batch and this one is refunded).
+--   decision, reset_ms, retry_ms, and with alt = 1 also remaining0, reset0:
+--   remaining and reset as they are without this group's consumption (the
+--   Cluster driver needs them when another slot vetoed the batch and this
+--   one is refunded). decision is remaining when the request was allowed
+--   and -1 - remaining when it was denied: one integer for two, since each
+--   integer of the reply costs struct.pack about 480 instructions.
 --
 -- Semantics of a group (COMMON.md "Batches"): requests are decided in order;
 -- a request sees the tentative consumption of earlier requests on the same
@@ -64,9 +66,9 @@ else
   alt = alt_flag == '1'
   ttl_slack = tonumber(slack)
 end
-local stride = 4
+local stride = 3
 if alt then
-  stride = 6
+  stride = 5
 end
 
 local time_now = nil -- Redis TIME in ms, read at most once per call
@@ -192,14 +194,15 @@ while a <= #ARGV do
     if not ok and not p[6] then
       veto = true
     end
-    local allowed = 0
-    if ok then
-      allowed = 1
-    end
     local j = o + 2 + (i - 1) * stride
-    out[j + 1], out[j + 2], out[j + 3], out[j + 4] = allowed, rem, reset, retry
+    if ok then
+      out[j + 1] = rem
+    else
+      out[j + 1] = -1 - rem
+    end
+    out[j + 2], out[j + 3] = reset, retry
     if alt then
-      out[j + 5], out[j + 6] = rem, reset
+      out[j + 4], out[j + 5] = rem, reset
     end
   end
 
@@ -212,10 +215,15 @@ while a <= #ARGV do
       local _, rem, reset = p[1].decide(orig[first[i]], now, p[2], p[3], p[4], 1, false, true)
       local j = o + 2 + (i - 1) * stride
       if veto then
-        out[j + 2], out[j + 3] = rem, reset
+        if out[j + 1] >= 0 then
+          out[j + 1] = rem
+        else
+          out[j + 1] = -1 - rem
+        end
+        out[j + 2] = reset
       end
       if alt then
-        out[j + 5], out[j + 6] = rem, reset
+        out[j + 4], out[j + 5] = rem, reset
       end
     end
   end
