@@ -44,7 +44,7 @@ end
 -- of a Function, instead of built and grown per call. n is the number of
 -- distinct keys of the last call, whose cs.pos entries the next call clears.
 local cs = {
-  n = 0, pos = {}, key = {}, raw = {}, st = {}, st0 = {}, slot = {},
+  n = 0, pos = {}, key = {}, raw = {}, st = {}, sb0 = {}, slot = {},
   wspec = {}, wnow = {}, wlist = {}, idx = {},
-  parsed = {}, first = {}, orig = {}, cur = {},
+  parsed = {}, first = {}, orig = {}, cur = {}, kst = {}, sst = {},
 }

@@ -83,9 +83,9 @@ local k0 = 0 -- the index in KEYS before the next group's first key
 -- Scratch (cs, algorithms.lua) that outlives the call as a Function. The
 -- call's distinct keys get an index j: cs.pos[key] = j, cs.key[j] = key.
 -- By j: raw the MGET value (false if absent), st the state as the groups
--- committed so far leave it (false until a group reads it), st0 the state
--- as stored (it decides whether the final write keeps the key's expiry),
--- slot the position in the current group of its first request on the key
+-- committed so far leave it (false until a group reads it), sb0 the first
+-- integer of the state as stored (a window's bucket: it decides whether the
+-- final write keeps the key's expiry), slot the position in the current group of its first request on the key
 -- (false outside it), and wspec, wnow the parsed spec (its module and
 -- window: they are part of the key) and the clock of the key's last
 -- committed write (wspec false while unwritten). wlist[1..nw]
@@ -95,9 +95,18 @@ local k0 = 0 -- the index in KEYS before the next group's first key
 -- found, cur the group's tentative state (false while untouched). Every
 -- entry is written before it is read in a call; cs.pos, the one table
 -- looked up by key, is emptied first (a call that failed left it full).
-local pos, ckey, raw, st, st0, kslot = cs.pos, cs.key, cs.raw, cs.st, cs.st0, cs.slot
+--
+-- The string counters' state tables are reused too: kst[j] is key j's
+-- (load fills it; st[j] is it once loaded), and sst[i] is position i's
+-- scratch, which decide fills with the tentative state (cur[i] is it once
+-- filled). A group that commits swaps the two, so the key's table holds its
+-- new state and the position gets the old one to fill next time; the
+-- tables stay distinct, so no state is written over while it is read but
+-- by decide, which reads its state in full before it writes.
+local pos, ckey, raw, st, sb0, kslot = cs.pos, cs.key, cs.raw, cs.st, cs.sb0, cs.slot
 local wspec, wnow, wlist, idx = cs.wspec, cs.wnow, cs.wlist, cs.idx
 local parsed, first, orig, cur = cs.parsed, cs.first, cs.orig, cs.cur
+local kst, sst = cs.kst, cs.sst
 local nw = 0
 do
   for j = 1, cs.n do
@@ -166,8 +175,13 @@ while a <= #ARGV do
       if m.string_state then
         local s = st[j]
         if not s then
-          s = m.load(ckey[j], p[2], now, raw[j])
-          st[j], st0[j] = s, s
+          s = kst[j]
+          if not s then
+            s = {0, 0, 0}
+            kst[j] = s
+          end
+          m.load(ckey[j], p[2], now, raw[j], s)
+          st[j], sb0[j] = s, s[1]
         end
         orig[i] = s
       else
@@ -187,7 +201,12 @@ while a <= #ARGV do
     if h == 0 then
       c = 1
     end
-    local ok, rem, reset, retry, ns = m.decide(s, now, w, l, cap, c, consume)
+    local into = sst[f]
+    if not into then
+      into = {0, 0, 0, 0}
+      sst[f] = into
+    end
+    local ok, rem, reset, retry, ns = m.decide(s, now, w, l, cap, c, consume, false, into)
     if ok and consume then
       cur[f] = ns
     end
@@ -234,7 +253,8 @@ while a <= #ARGV do
       local p = parsed[i]
       local m = p[1]
       if m.string_state then
-        st[j] = cur[i]
+        local s = cur[i]
+        kst[j], sst[i], st[j] = s, st[j], s
         if not wspec[j] then
           nw = nw + 1
           wlist[nw] = j
@@ -259,6 +279,6 @@ end
 for x = 1, nw do
   local j = wlist[x]
   local p = wspec[j]
-  p[1].store(ckey[j], p[2], st[j], st0[j], wnow[j])
+  p[1].store(ckey[j], p[2], st[j], sb0[j], wnow[j])
 end
 return pack_ints(out)

@@ -10,14 +10,16 @@
 
 local fixed_window = {string_state = true} -- read with MGET
 
--- load returns the state stored as v (the key's MGET value, false if absent).
+-- load fills into with the state stored as v (the key's MGET value, false if
+-- absent) and returns it.
 fixed_window.load = load_windowed
 
 -- decide returns allowed, remaining, reset_ms, retry_ms and, when it admitted
--- and consumed, the new state. A clock behind the stored bucket decides at
+-- and consumed, the new state, written into into (which may be s: s is read
+-- in full before into is written). A clock behind the stored bucket decides at
 -- the bucket's start and adds the step to reset and retry (as
 -- sliding_window.decide); idiv is written out (see load_windowed in lib.lua).
-function fixed_window.decide(s, now, w, l, cap, c, consume)
+function fixed_window.decide(s, now, w, l, cap, c, consume, no_retry, into)
   local sb, step = s[1], 0
   if sb * w > now then
     step = sb * w - now
@@ -54,13 +56,14 @@ function fixed_window.decide(s, now, w, l, cap, c, consume)
     retry = retry + step
   end
   if ok and consume then
-    return ok, rem, reset, retry, {b, n, 0}
+    into[1], into[2], into[3] = b, n, 0
+    return ok, rem, reset, retry, into
   end
   return ok, rem, reset, retry
 end
 
--- store writes state s, decided at now, over the stored state o; the key
--- expires when its bucket ends.
+-- store writes state s, decided at now, over a stored state of bucket ob;
+-- the key expires when its bucket ends.
 fixed_window.store = windowed_store(1)
 
 -- refund takes back c hits admitted at now (Cluster: another slot denied).

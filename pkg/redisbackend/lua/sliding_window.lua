@@ -87,14 +87,16 @@ local function sw_retry_at(b, cur, prev, now, c, w, l)
   return t
 end
 
--- load returns the state stored as v (the key's MGET value, false if absent).
+-- load fills into with the state stored as v (the key's MGET value, false if
+-- absent) and returns it.
 sliding_window.load = load_windowed
 
 -- decide returns allowed, remaining, reset_ms, retry_ms and, when it admitted
--- and consumed, the new state. idiv and sw_weight are written out
+-- and consumed, the new state, written into into (which may be s: s is read
+-- in full before into is written). idiv and sw_weight are written out
 -- (see load_windowed in lib.lua). With no_retry (figures whose retry the
 -- caller drops) a denial's retry is not searched.
-function sliding_window.decide(s, now, w, l, cap, c, consume, no_retry)
+function sliding_window.decide(s, now, w, l, cap, c, consume, no_retry, into)
   local sb, step = s[1], 0
   if sb * w > now then
     -- The clock went back across a bucket edge since the counter was
@@ -144,13 +146,14 @@ function sliding_window.decide(s, now, w, l, cap, c, consume, no_retry)
     retry = retry + step
   end
   if ok and consume then
-    return ok, rem, (b + 1) * w - now + step, retry, {b, cur, prev}
+    into[1], into[2], into[3] = b, cur, prev
+    return ok, rem, (b + 1) * w - now + step, retry, into
   end
   return ok, rem, (b + 1) * w - now + step, retry
 end
 
--- store writes state s, decided at now, over the stored state o; the key
--- expires 2W after its bucket starts.
+-- store writes state s, decided at now, over a stored state of bucket ob; the
+-- key expires 2W after its bucket starts.
 sliding_window.store = windowed_store(2)
 
 -- refund takes back c hits admitted at now (Cluster: another slot denied).

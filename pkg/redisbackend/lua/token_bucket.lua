@@ -10,8 +10,9 @@
 -- Storage: the counter's key holds At, Debt and Per (three integers, see
 -- state_format in lib.lua) and expires when the bucket is full again,
 -- ceil(Debt/Per) ms after At; a refund that empties it deletes it. KEYS,
--- ARGV: none of its own; the driver passes the key. State table: {at, debt,
--- per}, and in a state decide made, its reset (ceil(Debt/Per), At being the
+-- ARGV: none of its own; the driver passes the key. State table (filled in
+-- a table the driver passes, see state_format in lib.lua): {at, debt, per},
+-- and in a state decide made, its reset (ceil(Debt/Per), At being the
 -- instant it decided at) as a fourth entry, which store uses as the expiry.
 --
 -- Exactness: B·W < 2^53 (checked in Go). Rescaling after a change of L is
@@ -43,26 +44,29 @@ local function tb_debt(s, now, l)
   return debt - paid
 end
 
--- load returns the state stored as v (the key's MGET value, false if absent)
--- if its last write is no more than ahead_max ahead of now and its debt and
--- rate are exact, else empty_state (a foreign value: see load_windowed in
--- lib.lua). Load, decide and store run for every token bucket
+-- load fills into with the state stored as v (the key's MGET value, false if
+-- absent) and returns it, if its last write is no more than ahead_max ahead
+-- of now and its debt and rate are exact, else with the empty state {-1, 0,
+-- 0} (a foreign value: see load_windowed in lib.lua). Load, decide and store run for every token bucket
 -- of every call, so they write out their helpers (idiv, cdiv, tb_debt but
 -- for a changed limit, pack_state, px), as the windows do: a Lua function
 -- call costs Redis more than the arithmetic (see load_windowed in lib.lua).
-function token_bucket.load(key, w, now, v)
+function token_bucket.load(key, w, now, v, into)
   if v and #v == 24 then
     local x, y, z = unpack_state(state_format, v)
     if x >= 0 and y >= 0 and z >= 0 and x <= now + ahead_max and y < exact and z < exact then
-      return {x, y, z}
+      into[1], into[2], into[3] = x, y, z
+      return into
     end
   end
-  return empty_state
+  into[1], into[2], into[3] = -1, 0, 0
+  return into
 end
 
 -- decide returns allowed, remaining, reset_ms, retry_ms and, when it admitted
--- and consumed, the new state.
-function token_bucket.decide(s, now, w, l, cap, c, consume)
+-- and consumed, the new state, written into into (which may be s: s is read
+-- in full before into is written).
+function token_bucket.decide(s, now, w, l, cap, c, consume, no_retry, into)
   local tau, cw = cap * w, c * w
   -- rel = tb_debt(s, now, l), written out when the debt was counted with l.
   local rel, debt = 0, s[2]
@@ -115,7 +119,8 @@ function token_bucket.decide(s, now, w, l, cap, c, consume)
     end
   end
   if ok and consume then
-    return ok, rem, reset, retry, {now, rel, l, reset}
+    into[1], into[2], into[3], into[4] = now, rel, l, reset
+    return ok, rem, reset, retry, into
   end
   return ok, rem, reset, retry
 end
@@ -138,7 +143,7 @@ end
 -- every other admitted hit left, so a refund never returns more than was
 -- taken: under-admission for a moment at worst, never over-admission.
 function token_bucket.refund(key, w, c, l, now)
-  local s = token_bucket.load(key, w, now, redis.call('GET', key))
+  local s = token_bucket.load(key, w, now, redis.call('GET', key), {})
   local at, debt, per = s[1], s[2], s[3]
   if debt == 0 or per == 0 then
     return
