@@ -96,7 +96,8 @@ local k0 = 0 -- the index in KEYS before the next group's first key
 -- entry is written before it is read in a call; cs.pos, the one table
 -- looked up by key, is emptied first (a call that failed left it full).
 --
--- The string counters' state tables are reused too: kst[j] is key j's
+-- The string counters' state tables are reused too, each with room for
+-- four entries (a token bucket's decide writes a fourth): kst[j] is key j's
 -- (load fills it; st[j] is it once loaded), and sst[i] is position i's
 -- scratch, which decide fills with the tentative state (cur[i] is it once
 -- filled). A group that commits swaps the two, so the key's table holds its
@@ -177,7 +178,7 @@ while a <= #ARGV do
         if not s then
           s = kst[j]
           if not s then
-            s = {0, 0, 0}
+            s = {0, 0, 0, 0}
             kst[j] = s
           end
           m.load(ckey[j], p[2], now, raw[j], s)
