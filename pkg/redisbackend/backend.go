@@ -498,7 +498,7 @@ func decodeReply(v string, idx []int, results []limiter.Result, alt []figures) (
 	if alt != nil {
 		stride = 5
 	}
-	var bad bool
+	var bad, inconsistent bool
 	int64At := func(i int) int64 { return int64(binary.LittleEndian.Uint64([]byte(v[8*i : 8*i+8]))) }
 	num := func(i int) int64 {
 		x := int64At(i)
@@ -512,16 +512,24 @@ func decodeReply(v string, idx []int, results []limiter.Result, alt []figures) (
 	for j := 0; 8*(2+stride*j) < len(v); j++ {
 		r := 2 + stride*j
 		// The decision: remaining when allowed, -1 - remaining when denied.
+		// Every algorithm gives a denial a retry of at least 1 ms and an
+		// admission none, so a reply whose sign and retry disagree is
+		// refused: a negative remaining (a script bug) must not turn a
+		// denial into an admission.
 		d := int64At(r)
 		allowed, remaining := d >= 0, d
 		if !allowed {
 			remaining = -1 - d
 		}
+		retry := num(r + 2)
+		if allowed != (retry == 0) {
+			inconsistent = true
+		}
 		results[at(idx, j)] = limiter.Result{
 			Allowed:    allowed,
 			Remaining:  uint64(remaining),
 			ResetAfter: limiter.Millis(num(r + 1)),
-			RetryAfter: limiter.Millis(num(r + 2)),
+			RetryAfter: limiter.Millis(retry),
 			Source:     limiter.SourceStore,
 		}
 		if alt != nil {
@@ -530,6 +538,9 @@ func decodeReply(v string, idx []int, results []limiter.Result, alt []figures) (
 	}
 	if bad {
 		return 0, false, errors.New("reply holds a negative value where a non-negative integer belongs")
+	}
+	if inconsistent {
+		return 0, false, errors.New("reply holds a decision whose retry disagrees with it (an admission with a retry, or a denial without)")
 	}
 	return now, committed, nil
 }

@@ -35,7 +35,9 @@
 --   Cluster driver needs them when another slot vetoed the batch and this
 --   one is refunded). decision is remaining when the request was allowed
 --   and -1 - remaining when it was denied: one integer for two, since each
---   integer of the reply costs struct.pack about 480 instructions.
+--   integer of the reply costs struct.pack about 480 instructions. A denial
+--   always has a retry_ms of at least 1 and an admission 0; the Go side
+--   refuses a reply where they disagree.
 --
 -- Semantics of a group (COMMON.md "Batches"): requests are decided in order;
 -- a request sees the tentative consumption of earlier requests on the same
@@ -85,19 +87,25 @@ local k0 = 0 -- the index in KEYS before the next group's first key
 -- By j: raw the MGET value (false if absent), st the state as the groups
 -- committed so far leave it (false until a group reads it), sb0 the first
 -- integer of the state as stored (a window's bucket: it decides whether the
--- final write keeps the key's expiry), slot the position in the current group of its first request on the key
--- (false outside it), and wspec, wnow the parsed spec (its module and
--- window: they are part of the key) and the clock of the key's last
--- committed write (wspec false while unwritten). wlist[1..nw]
--- are the written keys' indexes. By position in KEYS: idx, the key's j. By
--- position i in the current group: parsed its spec, first the position of
--- the group's first request on the same counter, orig the state the group
--- found, cur the group's tentative state (false while untouched). Every
--- entry is written before it is read in a call; cs.pos, the one table
--- looked up by key, is emptied first (a call that failed left it full).
+-- final write keeps the key's expiry), slot the position in the current
+-- group of its first request on the key (false outside it), and wspec, wnow
+-- the parsed spec (its module and window: they are part of the key) and the
+-- clock of the key's last committed write (wspec false while unwritten).
+-- wlist[1..nw] are the written keys' indexes. By position in KEYS: idx, the
+-- key's j. By position i in the current group: parsed its spec, first the
+-- position of the group's first request on the same counter, orig the state
+-- the group found, cur the group's tentative state (false while untouched).
+-- Every entry of these is written before it is read in a call; cs.pos, the
+-- one table looked up by key, is emptied first (a call that failed left it
+-- full).
 --
--- The string counters' state tables are reused too, each with room for
--- four entries (a token bucket's decide writes a fourth): kst[j] is key j's
+-- The string counters' state tables are reused too, as a Function from call
+-- to call (their contents are not: load and decide fill them before they are
+-- read), each with room for four entries (a token bucket's decide writes a
+-- fourth); there are as many as the largest call had distinct keys and
+-- requests, which --redis.max-batch bounds (256 limits by default; a larger
+-- Check is a call of its own, bounded by the request's descriptors and their
+-- rules' limits). kst[j] is key j's
 -- (load fills it; st[j] is it once loaded), and sst[i] is position i's
 -- scratch, which decide fills with the tentative state (cur[i] is it once
 -- filled). A group that commits swaps the two, so the key's table holds its
