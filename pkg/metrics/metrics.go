@@ -30,12 +30,14 @@ type Metrics struct {
 // counters is a counter family whose children are looked up on the request
 // path: by every decision (three times for a request of three descriptors)
 // and every request. CounterVec.WithLabelValues hashes each label value byte
-// by byte (FNV) and takes the family's lock on every call, 2% of envoy-rls's
-// CPU under make bench's three descriptors; a sync.Map keyed by the label
-// values, which the runtime hashes in a few instructions and reads without a
-// lock, hands out the same children. It holds one entry per child the
-// family holds, so it is bounded as the family is (by the configuration, see
-// the package doc). Families that are Reset must not be cached this way.
+// by byte (FNV) and takes the family's lock on every call, 2.4% of
+// envoy-rls's CPU under make bench's three descriptors; a sync.Map keyed by
+// the label values, which the runtime hashes with AES instructions and reads
+// without a lock, hands out the same children (246 against 88 ns per
+// decision, BenchmarkDecision). It holds one entry per child the family
+// holds, so it is bounded as the family is (by the configuration, see the
+// package doc). Nothing may Reset or Delete from these families: the cache
+// would keep handing out children the registry no longer collects.
 type counters[L labels] struct {
 	vec   *prometheus.CounterVec
 	cache *sync.Map // L → prometheus.Counter

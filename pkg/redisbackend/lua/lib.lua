@@ -117,8 +117,9 @@ end
 -- struct.unpack. The state table is {x, y, z}: {bucket, count, count of the
 -- bucket before} for the windows, {at, debt, per} for a token bucket. The
 -- driver hands the algorithms the tables to fill (load's and decide's into)
--- and reuses them from call to call: a new table of three costs Redis about
--- 1,100 instructions, and more to collect.
+-- and reuses them, from call to call as a Function (as a script, within one
+-- call): a new table of three costs Redis about 1,100 instructions, and more
+-- to collect.
 local state_format = '<i8i8i8'
 
 -- exact is 2^53: below it a double holds every integer, so the scripts'
@@ -175,12 +176,13 @@ local count_max = 2251799813685248
 -- load_windowed is the load of the window counters (key, w, now, v, into):
 -- it fills the table into with the state stored as v (the key's MGET value,
 -- false if absent), read at now for a window of w ms, and returns into, if v
--- is 24 bytes of three integers within a window's bounds: the bucket no more than ahead_max ahead of now and small enough
--- that (b+2)·W is exact, and the counts at most count_max, so that sums of
--- counts stay exact. Anything else (absent, of another length, or holding a
--- negative or too large integer: a value envoy-rls never writes, from
--- another program sharing the prefix or a corrupted key) is the empty
--- state {-1, 0, 0} (no bucket), and the next admitted hit overwrites it. Such values must never reach the
+-- is 24 bytes of three integers within a window's bounds: the bucket no more
+-- than ahead_max ahead of now and small enough that (b+2)·W is exact, and
+-- the counts at most count_max, so that sums of counts stay exact. Anything
+-- else (absent, of another length, or holding a negative or too large
+-- integer: a value envoy-rls never writes, from another program sharing the
+-- prefix or a corrupted key) is the empty state {-1, 0, 0} (no bucket), and
+-- the next admitted hit overwrites it. Such values must never reach the
 -- arithmetic: beyond 2^53 t + 1 == t, and sw_retry_at would search for an
 -- instant forever, holding Redis BUSY for every client.
 --

@@ -47,10 +47,11 @@ end
 -- load fills into with the state stored as v (the key's MGET value, false if
 -- absent) and returns it, if its last write is no more than ahead_max ahead
 -- of now and its debt and rate are exact, else with the empty state {-1, 0,
--- 0} (a foreign value: see load_windowed in lib.lua). Load, decide and store run for every token bucket
--- of every call, so they write out their helpers (idiv, cdiv, tb_debt but
--- for a changed limit, pack_state, px), as the windows do: a Lua function
--- call costs Redis more than the arithmetic (see load_windowed in lib.lua).
+-- 0} (a foreign value: see load_windowed in lib.lua). Load, decide and store
+-- run for every token bucket of every call, so they write out their helpers
+-- (idiv, cdiv, tb_debt but for a changed limit, pack_state, px), as the
+-- windows do: a Lua function call costs Redis more than the arithmetic (see
+-- load_windowed in lib.lua).
 function token_bucket.load(key, w, now, v, into)
   if v and #v == 24 then
     local x, y, z = unpack_state(state_format, v)
@@ -125,10 +126,10 @@ function token_bucket.decide(s, now, w, l, cap, c, consume, no_retry, into)
   return ok, rem, reset, retry
 end
 
--- store writes state s, which decide made at now over the stored state o:
--- the key expires when the bucket is full again, s[4] ms from now (at least
--- 1, since decide consumed).
-function token_bucket.store(key, w, s, o, now)
+-- store writes state s, which decide made at now (the stored state's first
+-- integer, ob, is not needed): the key expires when the bucket is full
+-- again, s[4] ms from now (at least 1, since decide consumed).
+function token_bucket.store(key, w, s, ob, now)
   rcall('SET', key, pack(state_format, s[1], s[2], s[3]), 'PX', format('%d', s[4] + ttl_slack))
 end
 
