@@ -8,7 +8,14 @@
 #
 #   scripts/callgrind-check.sh [PER_CALL [MIX]]   # Checks per call, default 4;
 #                                                 # MIX 3desc (default), 4limits,
-#                                                 # log1 or log100 (a sliding log)
+#                                                 # log1 or log100 (a sliding log),
+#                                                 # or plain3desc (below)
+#
+# plain3desc sends, instead of calls of check.lua, the commands
+# envoyproxy/ratelimit sends for the Checks of 3desc (INCRBY and EXPIRE per
+# descriptor, in fixed windows, denied requests counted too), PER_CALL
+# requests to a pipeline: what the same requests cost Redis without a
+# script ("0 inside FCALL").
 #
 #   CALLGRIND_OUT=FILE scripts/callgrind-check.sh ...  # also keep the measured
 #                                                 # pass's dump at FILE

@@ -279,7 +279,10 @@ func mixCalls(b *testing.B, be *Backend, mix func(i int) []limiter.Request, perC
 // the same calls again and has callgrind dump: the dump holds the
 // instructions of the second pass alone, which the script divides by its
 // Checks. Instruction counts, unlike CPU time, hardly depend on what else
-// the machine runs.
+// the machine runs. The mix plainMix sends, instead of calls of check.lua,
+// pipelines of the plain commands the incumbent sends for the same Checks
+// (plainCalls), a pipeline of ENVOY_RLS_CALLGRIND_PER_CALL requests for a
+// call.
 func BenchmarkCheckUnderCallgrind(b *testing.B) {
 	addr, pid := os.Getenv("ENVOY_RLS_CALLGRIND_REDIS"), os.Getenv("ENVOY_RLS_CALLGRIND_PID")
 	if addr == "" || pid == "" {
@@ -287,8 +290,8 @@ func BenchmarkCheckUnderCallgrind(b *testing.B) {
 	}
 	mixName := cmp.Or(os.Getenv("ENVOY_RLS_CALLGRIND_MIX"), "3desc")
 	mix, ok := checkMixes[mixName]
-	if !ok {
-		b.Fatalf("ENVOY_RLS_CALLGRIND_MIX=%q: want 3desc, 4limits, log1 or log100", mixName)
+	if !ok && mixName != plainMix {
+		b.Fatalf("ENVOY_RLS_CALLGRIND_MIX=%q: want 3desc, 4limits, log1, log100 or %s", mixName, plainMix)
 	}
 	perCall := 4
 	if v := os.Getenv("ENVOY_RLS_CALLGRIND_PER_CALL"); v != "" {
@@ -298,18 +301,35 @@ func BenchmarkCheckUnderCallgrind(b *testing.B) {
 		}
 		perCall = n
 	}
-	be, err := New(Options{URL: "redis://" + addr, KeyPrefix: DefaultKeyPrefix, Timeout: time.Minute})
-	if err != nil {
-		b.Fatal(err)
+	var batches [][][]any // each sent as one pipeline
+	if mixName == plainMix {
+		batches = plainCalls(perCall, 200, 1000)
+	} else {
+		be, err := New(Options{URL: "redis://" + addr, KeyPrefix: DefaultKeyPrefix, Timeout: time.Minute})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer be.Close()
+		for _, cmd := range mixCalls(b, be, mix, perCall, 200, 1000) {
+			batches = append(batches, [][]any{cmd})
+		}
 	}
-	defer be.Close()
-	cmds := mixCalls(b, be, mix, perCall, 200, 1000)
 	c := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: time.Minute})
 	defer c.Close()
 	ctx := context.Background()
 	sendAll := func() {
-		for _, cmd := range cmds {
-			if err := c.Do(ctx, cmd...).Err(); err != nil {
+		for _, batch := range batches {
+			if len(batch) == 1 {
+				if err := c.Do(ctx, batch[0]...).Err(); err != nil {
+					b.Fatal(err)
+				}
+				continue
+			}
+			p := c.Pipeline()
+			for _, cmd := range batch {
+				p.Do(ctx, cmd...)
+			}
+			if _, err := p.Exec(ctx); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -327,7 +347,37 @@ func BenchmarkCheckUnderCallgrind(b *testing.B) {
 		sendAll()
 		callgrind("-d")
 	}
-	b.ReportMetric(float64(len(cmds)*perCall), "checks/dump")
+	b.ReportMetric(float64(len(batches)*perCall), "checks/dump")
+}
+
+// plainMix names the mix of BenchmarkCheckUnderCallgrind that sends the
+// incumbent's commands instead of check.lua (see plainCalls).
+const plainMix = "plain3desc"
+
+// plainCalls returns calls pipelines of perCall requests each, the Checks
+// of the mix 3desc on indexes drawn from [0, indexes) in mixCalls' order, as
+// envoyproxy/ratelimit sends them in fixed windows of a minute: INCRBY and
+// EXPIRE per descriptor, on keys "<domain>_<key>_<value>_..._<window
+// start>". It counts denied requests too and decides in the client, so it
+// is a floor for what a request of three descriptors can cost Redis, not a
+// rate limiter of envoy-rls's semantics.
+func plainCalls(perCall, calls, indexes int) [][][]any {
+	rng := rand.New(rand.NewPCG(1, 2))
+	window := strconv.FormatInt(time.Now().Unix()/60*60, 10)
+	batches := make([][][]any, calls)
+	for c := range batches {
+		for range perCall {
+			i := rng.IntN(indexes)
+			for _, k := range []string{
+				"bench_remote_address_10." + strconv.Itoa(i) + "_" + window,
+				"bench_tenant_t" + strconv.Itoa(i%100) + "_user_u" + strconv.Itoa(i) + "_" + window,
+				"bench_route_/api/r" + strconv.Itoa(i%20) + "_" + window,
+			} {
+				batches[c] = append(batches[c], []any{"incrby", k, 1}, []any{"expire", k, 60})
+			}
+		}
+	}
+	return batches
 }
 
 // BenchmarkBaseKey measures the key derivation (SHA-256 of the identity).
