@@ -2,9 +2,11 @@
 # callgrind-check.sh: redis-server's instructions per Check (check.lua with
 # three sliding windows, as make bench's "3 desc", or make bench's "4
 # limits": a token bucket and an hourly window besides), counted by valgrind's
-# callgrind: repeatable within a few tenths of a percent whatever else the
-# machine runs (Redis's own timer events fall in the count), so a change to
-# the Lua scripts can be measured on a shared machine.
+# callgrind: repeatable within about 1% whatever else the machine runs
+# (Redis's own timer events fall in the count, and now and then a cycle of
+# Lua's collector: one run in some twenty measured 10% more; compare medians
+# of three or more runs), so a change to the Lua scripts can be measured on
+# a shared machine.
 #
 #   scripts/callgrind-check.sh [PER_CALL [MIX]]   # Checks per call, default 4;
 #                                                 # MIX 3desc (default), 4limits,
