@@ -111,6 +111,9 @@
 #                    the Go module proxy). A path instead of "1" runs that
 #                    binary. On its rows "rls µs/req" is its CPU, and there
 #                    is no server latency (it exports no latency histogram).
+#                    After the table a comparison sets envoy-rls against it,
+#                    run against run (rls-bench report --compare
+#                    "ratelimit: ")
 #   BENCH_INCUMBENT_VERSION  the module version built for BENCH_INCUMBENT=1
 #                    (default the newest commit on the proxy when this was
 #                    written)
@@ -119,6 +122,24 @@
 #                    REDIS_PIPELINE_WINDOW applies to a Cluster only in the
 #                    default version (radix v4 pipelines concurrent commands
 #                    on a single node by itself).
+#   BENCH_B_ARGS, BENCH_B_ENV  extra flags (word-split) and environment of a
+#                    second envoy-rls, "B", on the same Redis with the same
+#                    limits: every envoy-rls run is made against both, back
+#                    to back ("B: ..." rows), and after the table a
+#                    comparison sets B against the first, run against run
+#                    (rls-bench report --compare "" --to "B: "), e.g.
+#                    BENCH_B_ARGS="--redis.senders 1" measures that flag
+#                    against the default. B's flags come after
+#                    BENCH_RLS_ARGS (both instances get those): a flag
+#                    given twice takes B's value
+#   BENCH_MAX_STEAL  the comparisons (with BENCH_INCUMBENT or BENCH_B_*) leave
+#                    out the pairs of runs in which the hypervisor took this
+#                    percentage or more of the machine's CPU time (default
+#                    10; 0 keeps every pair)
+#
+# The servers of one scenario (envoy-rls, B, the incumbent) run back to back,
+# and the one that goes first turns round by round, so each goes first as
+# often as the others.
 #
 # Needs: go, redis-server in PATH (`make test` installs it, or
 # scripts/install-deps.sh). Nothing else (no curl, no jq), but redis-cli
@@ -151,6 +172,9 @@ BENCH_GRPC="${BENCH_GRPC:-tcp}"
 BENCH_INCUMBENT="${BENCH_INCUMBENT:-}"
 BENCH_INCUMBENT_VERSION="${BENCH_INCUMBENT_VERSION:-v1.4.1-0.20260122083618-3fb702589d36}"
 BENCH_INCUMBENT_ENV="${BENCH_INCUMBENT_ENV:-}"
+BENCH_B_ARGS="${BENCH_B_ARGS:-}"
+BENCH_B_ENV="${BENCH_B_ENV:-}"
+BENCH_MAX_STEAL="${BENCH_MAX_STEAL:-10}"
 case "$BENCH_REDIS" in
 single | unix | tls | cluster) ;;
 *)
@@ -158,6 +182,10 @@ single | unix | tls | cluster) ;;
 	exit 2
 	;;
 esac
+[[ "$BENCH_MAX_STEAL" =~ ^(100(\.0+)?|[0-9]{1,2}(\.[0-9]+)?)$ ]] || {
+	printf 'bench: BENCH_MAX_STEAL=%s: want a percentage from 0 to 100\n' "$BENCH_MAX_STEAL" >&2
+	exit 2
+}
 case "$BENCH_GRPC" in
 tcp | unix | tls) ;;
 *)
@@ -310,6 +338,9 @@ case "$BENCH_INCUMBENT" in
 	[ -x "$INC_BIN" ] || die "BENCH_INCUMBENT=$BENCH_INCUMBENT: want 1 or the path of an envoyproxy/ratelimit binary"
 	;;
 esac
+if [ -n "$BENCH_B_ARGS$BENCH_B_ENV" ] && [ "$needs_rls" = 0 ]; then
+	die "BENCH_B_ARGS/BENCH_B_ENV: BENCH_SCENARIOS=\"$BENCH_SCENARIOS\" has no scenario that runs envoy-rls"
+fi
 if [ -n "$INC_BIN" ] && [ "$needs_rls" = 0 ]; then
 	die "BENCH_INCUMBENT: BENCH_SCENARIOS=\"$BENCH_SCENARIOS\" has no scenario that runs on Redis"
 fi
@@ -470,25 +501,34 @@ if [ "$needs_rls" = 1 ]; then
 	if [ "$BENCH_GRPC" = tls ]; then
 		RLS_TLS=(--grpc.tls.cert "$TMP/tls/server.pem" --grpc.tls.key "$TMP/tls/server.key")
 	fi
+	# start_rls: envoy-rls on ports it picks, with BENCH_RLS_ARGS and
+	# BENCH_RLS_ENV, then START_EXTRA_ARGS and START_EXTRA_ENV (the second
+	# one's; later flags win); sets START_ADDR, START_HTTP and LAUNCHED_PID.
+	START_NAME=envoy-rls START_EXTRA_ARGS="" START_EXTRA_ENV=""
 	start_rls() {
-		RLS_ADDR="$(grpc_addr envoy-rls)"
-		RLS_HTTP="$(free_port)"
-		RLS_DEBUG="$(free_port)"
-		env $BENCH_RLS_ENV "$BIN/envoy-rls" serve \
+		START_ADDR="$(grpc_addr "$START_NAME")"
+		START_HTTP="$(free_port)"
+		env $BENCH_RLS_ENV $START_EXTRA_ENV "$BIN/envoy-rls" serve \
 			--config.dir "$TMP/config" \
-			--grpc.addr "$RLS_ADDR" "${RLS_TLS[@]}" \
-			--http.addr "127.0.0.1:$RLS_HTTP" \
-			--debug.addr "127.0.0.1:$RLS_DEBUG" \
+			--grpc.addr "$START_ADDR" "${RLS_TLS[@]}" \
+			--http.addr "127.0.0.1:$START_HTTP" \
+			--debug.addr "127.0.0.1:$(free_port)" \
 			"${REDIS_FLAG[@]}" \
 			--log.level warn \
-			$BENCH_RLS_ARGS \
-			>"$TMP/envoy-rls.log" 2>&1 &
-		RLS_PID=$!
-		LAUNCHED_PID=$RLS_PID
+			$BENCH_RLS_ARGS $START_EXTRA_ARGS \
+			>"$TMP/$START_NAME.log" 2>&1 &
+		LAUNCHED_PID=$!
 	}
-	rls_ready() { http_ok "$RLS_HTTP" /readyz; }
+	rls_ready() { http_ok "$START_HTTP" /readyz; }
 	launch envoy-rls "$TMP/envoy-rls.log" start_rls rls_ready
+	RLS_ADDR="$START_ADDR" RLS_HTTP="$START_HTTP" RLS_PID="$LAUNCHED_PID"
 	log "redis ($BENCH_REDIS) ${REDIS_FLAG[*]}, envoy-rls pid $RLS_PID on $RLS_ADDR${RLS_TLS[*]:+ with ${RLS_TLS[*]}} (http :$RLS_HTTP), do-nothing pid $NOOP_PID on $NOOP_ADDR${NOOP_TLS[*]:+ with ${NOOP_TLS[*]}}"
+	if [ -n "$BENCH_B_ARGS$BENCH_B_ENV" ]; then
+		START_NAME=envoy-rls-b START_EXTRA_ARGS="$BENCH_B_ARGS" START_EXTRA_ENV="$BENCH_B_ENV"
+		launch "envoy-rls B" "$TMP/envoy-rls-b.log" start_rls rls_ready
+		RLSB_ADDR="$START_ADDR" RLSB_HTTP="$START_HTTP" RLSB_PID="$LAUNCHED_PID"
+		log "envoy-rls B (${BENCH_B_ENV:+$BENCH_B_ENV }${BENCH_B_ARGS:-no other flags}) pid $RLSB_PID on $RLSB_ADDR (http :$RLSB_HTTP), on the same Redis"
+	fi
 fi
 
 if [ -n "$INC_BIN" ]; then
@@ -563,23 +603,47 @@ bench() {
 	grep 'warning:' "$TMP/run.err" >&2 || true
 }
 
-# rls_only LABEL ARGS...: one run against envoy-rls alone (what the
-# incumbent cannot express).
-rls_only() {
-	bench "$@" --addr "$RLS_ADDR" --cpu "rls=$RLS_PID" "${REDIS_PROBES[@]}" \
-		--server-metrics "http://127.0.0.1:$RLS_HTTP/metrics" --server-histogram "$BENCH_SERVER_HISTOGRAM"
+# run_on SERVER LABEL ARGS...: one run against a server: "a" envoy-rls,
+# "b" the second envoy-rls (BENCH_B_ARGS, rows "B: LABEL"), "inc" the
+# incumbent (rows "ratelimit: LABEL").
+run_on() {
+	local server="$1" label="$2"
+	shift 2
+	case "$server" in
+	a)
+		bench "$label" "$@" --addr "$RLS_ADDR" --cpu "rls=$RLS_PID" "${REDIS_PROBES[@]}" \
+			--server-metrics "http://127.0.0.1:$RLS_HTTP/metrics" --server-histogram "$BENCH_SERVER_HISTOGRAM"
+		;;
+	b)
+		bench "B: $label" "$@" --addr "$RLSB_ADDR" --cpu "rls=$RLSB_PID" "${REDIS_PROBES[@]}" \
+			--server-metrics "http://127.0.0.1:$RLSB_HTTP/metrics" --server-histogram "$BENCH_SERVER_HISTOGRAM"
+		;;
+	inc) bench "ratelimit: $label" "$@" --addr "$INC_ADDR" --cpu "rls=$INC_PID" "${REDIS_PROBES[@]}" ;;
+	esac
 }
 
-# rls LABEL ARGS...: one run against envoy-rls and, with BENCH_INCUMBENT,
-# the same run against envoyproxy/ratelimit ("ratelimit: LABEL") right after.
-rls() {
-	rls_only "$@"
-	if [ -n "$INC_BIN" ]; then
-		local label="$1"
+# in_turn SERVER... -- LABEL ARGS...: the same run against each server, back
+# to back, the order turned by one every round so that each server goes
+# first as often as the others (a run just after another can find the
+# machine warmer or cooler: an order effect of a few percent was seen).
+in_turn() {
+	local servers=() n i
+	while [ "$1" != -- ]; do
+		servers+=("$1")
 		shift
-		bench "ratelimit: $label" "$@" --addr "$INC_ADDR" --cpu "rls=$INC_PID" "${REDIS_PROBES[@]}"
-	fi
+	done
+	shift
+	n=${#servers[@]}
+	for ((i = 0; i < n; i++)); do
+		run_on "${servers[$(((i + round - 1) % n))]}" "$@"
+	done
 }
+
+# rls_only LABEL ARGS...: a run against envoy-rls (and the second one)
+# alone, for what the incumbent cannot express; rls LABEL ARGS...: against
+# the incumbent too, with BENCH_INCUMBENT.
+rls_only() { in_turn a ${RLSB_PID:+b} -- "$@"; }
+rls() { in_turn a ${RLSB_PID:+b} ${INC_BIN:+inc} -- "$@"; }
 
 THREE=(--descriptor 'remote_address=10.{i}' --descriptor 'tenant=t{i%100},user=u{i}' --descriptor 'route=/api/r{i%20}')
 FOUR=(--descriptor 'remote_address=10.{i}' --descriptor 'plan=p{i%10},user=u{i}' --descriptor 'route=/api/r{i%20}')
@@ -631,3 +695,13 @@ elif [ -n "$INC_BIN" ]; then
 fi
 echo "envoy-rls bench: $(nproc 2>/dev/null || echo '?') CPUs (load average at the end: $load), Redis: $BENCH_REDIS, gRPC: $BENCH_GRPC$incumbent, medians of ${BENCH_REPEAT} rounds of ${BENCH_DURATION} measured after ${BENCH_WARMUP} warm-up, ${BENCH_CONNECTIONS} connections; latencies in ms"
 "$BIN/rls-bench" report --median "$RESULTS"
+# The comparisons: each pair of runs ran back to back, so their ratios are
+# steadier than the ratio of the medians above.
+if [ -n "$INC_BIN" ]; then
+	echo
+	"$BIN/rls-bench" report --compare "ratelimit: " --max-steal "$BENCH_MAX_STEAL" "$RESULTS" | sed '1,/^$/d'
+fi
+if [ -n "${RLSB_PID:-}" ]; then
+	echo
+	"$BIN/rls-bench" report --compare "" --to "B: " --max-steal "$BENCH_MAX_STEAL" "$RESULTS" | sed '1,/^$/d'
+fi

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -170,8 +171,53 @@ func TestMakeBenchGRPCTLS(t *testing.T) {
 		`REDIS_TLS=true REDIS_TLS_CACERT=/\S+/tls/ca\.pem`)
 }
 
-// incumbentPrefix starts the label of an envoyproxy/ratelimit row.
-const incumbentPrefix = "ratelimit: "
+// incumbentPrefix starts the label of an envoyproxy/ratelimit row, bPrefix
+// that of the second envoy-rls (BENCH_B_ARGS).
+const incumbentPrefix, bPrefix = "ratelimit: ", "B: "
+
+// TestMakeBenchB: with BENCH_B_ARGS the script starts a second envoy-rls
+// with those flags on the same Redis and runs every envoy-rls scenario
+// against both ("B: " rows, checked as envoy-rls's), back to back, the one
+// that goes first turning every round; after the table it prints the
+// comparison of B with the first, a pair of runs per round.
+func TestMakeBenchB(t *testing.T) {
+	var want []row
+	for _, l := range []string{"1 key", "4 limits, 100k", "hot key (over)"} {
+		want = append(want, row{l, 4}, row{bPrefix + l, 4})
+	}
+	stdout, stderr, rs := runBench(t, want, "BENCH_B_ARGS=--redis.senders 1", "BENCH_REPEAT=2", "BENCH_MAX_STEAL=0",
+		"BENCH_CALLERS=4", "BENCH_SCENARIOS=one-key four-limits hot-key")
+	if !regexp.MustCompile(`(?m)envoy-rls B \(--redis\.senders 1\) pid \d+ on 127\.0\.0\.1:\d+`).MatchString(stderr) {
+		t.Errorf("the script's log does not name B's flags:\n%s", stderr)
+	}
+	// Each scenario's first run in round 1 is envoy-rls's, in round 2 B's.
+	first := map[string][]string{} // scenario → the prefix of its first run in each round
+	last := ""
+	for _, r := range rs {
+		scenario, server := r.Label, ""
+		if rest, ok := strings.CutPrefix(r.Label, bPrefix); ok {
+			scenario, server = rest, bPrefix
+		}
+		if scenario != last {
+			first[scenario] = append(first[scenario], server)
+		}
+		last = scenario
+	}
+	for _, l := range []string{"1 key", "4 limits, 100k", "hot key (over)"} {
+		if got := first[l]; !slices.Equal(got, []string{"", bPrefix}) {
+			t.Errorf("%q: the first run of each round was that of %q, want envoy-rls's then B's", l, got)
+		}
+	}
+	_, cmp, ok := strings.Cut(stdout, `the "B: " rows ÷ the rows without a prefix`)
+	if !ok {
+		t.Fatalf("no comparison after the table:\n%s", stdout)
+	}
+	for _, l := range []string{"1 key", "4 limits, 100k", "hot key (over)"} {
+		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(l) + ` +4 +2 +\d+\.\d\d× [0-2]/2 `).MatchString(cmp) {
+			t.Errorf("the comparison has no row of %q at 4 callers over 2 pairs:\n%s", l, cmp)
+		}
+	}
+}
 
 // row is a scenario at a number of callers.
 type row struct {
@@ -217,16 +263,22 @@ func runBench(t *testing.T, want []row, env ...string) (stdoutText, stderrText s
 	if err != nil {
 		t.Fatal(err)
 	}
-	byRow := map[row]*bench.Result{}
+	// Every row once a round (BENCH_REPEAT=1 unless env says otherwise).
+	rounds := 1
+	for _, e := range env {
+		if v, ok := strings.CutPrefix(e, "BENCH_REPEAT="); ok {
+			if rounds, err = strconv.Atoi(v); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	byRow := map[row][]*bench.Result{}
 	for _, r := range rs {
 		k := row{r.Label, r.Callers}
-		if byRow[k] != nil {
-			t.Errorf("%q at %d callers reported twice with BENCH_REPEAT=1", r.Label, r.Callers)
-		}
-		byRow[k] = r
+		byRow[k] = append(byRow[k], r)
 	}
-	if len(rs) != len(want) {
-		t.Errorf("%d results, want %d (%v)", len(rs), len(want), want)
+	if len(rs) != rounds*len(want) {
+		t.Errorf("%d results, want %d (%v, %d rounds)", len(rs), rounds*len(want), want, rounds)
 	}
 
 	// The Redis servers whose INFO stats each row reads.
@@ -236,12 +288,19 @@ func runBench(t *testing.T, want []row, env ...string) (stdoutText, stderrText s
 	}
 	// The hot key's admissions and denials, by server (envoy-rls: "").
 	hotOK, hotOver := map[string]int64{}, map[string]int64{}
+	var runs []row // a row of want per run of it
 	for _, k := range want {
-		r := byRow[k]
-		if r == nil {
-			t.Errorf("no result for %q at %d callers", k.label, k.callers)
-			continue
+		if n := len(byRow[k]); n != rounds {
+			t.Errorf("%q at %d callers: %d results, want one a round (%d)", k.label, k.callers, n, rounds)
 		}
+		for range byRow[k] {
+			runs = append(runs, k)
+		}
+	}
+	seen := map[row]int{}
+	for _, k := range runs {
+		r := byRow[k][seen[k]]
+		seen[k]++
 		if r.Requests == 0 || r.Errors != 0 {
 			t.Errorf("%q at %d callers: %d requests, %d errors (%v)", k.label, k.callers, r.Requests, r.Errors, r.ErrorKinds)
 		}
@@ -253,8 +312,10 @@ func runBench(t *testing.T, want []row, env ...string) (stdoutText, stderrText s
 			t.Errorf("%q at %d callers: ceiling=%v", k.label, k.callers, r.Ceiling)
 		}
 		server, scenario := "", k.label
-		if rest, ok := strings.CutPrefix(k.label, incumbentPrefix); ok {
-			server, scenario = incumbentPrefix, rest
+		for _, prefix := range []string{incumbentPrefix, bPrefix} {
+			if rest, ok := strings.CutPrefix(k.label, prefix); ok {
+				server, scenario = prefix, rest
+			}
 		}
 		if scenario == "hot key (over)" {
 			if u := r.Redis; u == nil || u.Servers != masters {
@@ -290,14 +351,14 @@ func runBench(t *testing.T, want []row, env ...string) (stdoutText, stderrText s
 		const setupReads = 16
 		if u := r.Redis; u == nil || u.Servers != masters || u.ReadsPerReq <= 0 || u.CommandsPerReq <= 0 {
 			t.Errorf("%q at %d callers: Redis figures %+v, want commands and reads of %d servers", k.label, k.callers, u, masters)
-		} else if answered := r.OK + r.OverLimit; server == "" && masters == 1 && u.Reads > answered+setupReads {
+		} else if answered := r.OK + r.OverLimit; server != incumbentPrefix && masters == 1 && u.Reads > answered+setupReads {
 			t.Errorf("%q at %d callers: %d Redis round trips (read events) for %d requests, want at most one each (and %d of connection set-up)",
 				k.label, k.callers, u.Reads, answered, setupReads)
 		}
 		if cpu["rls"] != 1 || cpu["redis"] != 1 || cpu["bench"] != 1 || len(cpu) != 3 {
 			t.Errorf("%q at %d callers: CPU of %v, want bench, rls and redis once each", k.label, k.callers, r.CPU)
 		}
-		if server == "" && (r.Server == nil || r.Server.Requests == 0) {
+		if server != incumbentPrefix && (r.Server == nil || r.Server.Requests == 0) {
 			t.Errorf("%q at %d callers: no server latency (%+v)", k.label, k.callers, r.Server)
 		}
 	}

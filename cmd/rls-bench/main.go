@@ -10,6 +10,13 @@
 //	rls-bench serve-noop [--addr :8089] run a do-nothing RLS server
 //	rls-bench report [file ...]        combine JSON results into one table
 //
+// report --compare PREFIX [--to PREFIX] sets two servers (or two settings of
+// one) against each other: the runs of each load labelled with one prefix
+// against those labelled with the other, paired in the order they were run,
+// and prints each figure's median ratio over the pairs and in how many pairs
+// the --to side did better. make bench runs the sides back to back in every
+// round, alternating which goes first, so a pair saw the same machine.
+//
 // Closed loop (default): --concurrency callers each send a request as soon as
 // the previous one is answered. Open loop (--rate R): request k is due at
 // t0 + k/R and its latency counts from that intended time (its deadline from
@@ -183,7 +190,7 @@ func parseLoad(args []string, stderr io.Writer) (loadConfig, error) {
 	fs.BoolVar(&o.FullDecode, "full-decode", false, "decode every response whole, as a generated client does (default: read only its overall_code, so that the generator's CPU does not grow with what the server answers)")
 	tlsFlags.Register(fs, "server")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage:\n  rls-bench --addr host:port [--tls --tls.ca F ...] [flags]\n  rls-bench serve-noop [--addr :8089] [--gc-percent 400] [--tls.cert F --tls.key F [--tls.client-ca F [--tls.client-san N]]]\n  rls-bench report [results.jsonl ...]\n\nFlags:\n")
+		fmt.Fprintf(fs.Output(), "Usage:\n  rls-bench --addr host:port [--tls --tls.ca F ...] [flags]\n  rls-bench serve-noop [--addr :8089] [--gc-percent 400] [--tls.cert F --tls.key F [--tls.client-ca F [--tls.client-san N]]]\n  rls-bench report [--median] [--json | --compare PREFIX [--to PREFIX] [--max-steal PCT]] [results.jsonl ...]\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -431,10 +438,28 @@ func report(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print JSON (with the ceiling fields filled) instead of the table")
 	medians := fs.Bool("median", false, "combine repeated runs of the same load (label, target, callers, rate) into one row of medians")
+	var cmpOpts bench.CompareOptions
+	fs.StringVar(&cmpOpts.Base, "compare", "", "after the table, compare the runs labelled `PREFIX`LOAD with those labelled --to's prefix and LOAD, run against run in the order run: each figure's median ratio over the pairs and in how many pairs the --to side did better (\"\" is the runs without a prefix)")
+	fs.StringVar(&cmpOpts.Other, "to", "", "with --compare: the `PREFIX` of the runs compared with --compare's (\"\", the default, is the runs without a prefix)")
+	fs.Float64Var(&cmpOpts.MaxSteal, "max-steal", 0, "with --compare: leave out the pairs in which either run lost this `percent` or more of the machine's CPU time to the hypervisor (steal); 0 keeps every pair")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
+		return 2
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	compare := set["compare"]
+	switch {
+	case !compare && (set["to"] || set["max-steal"]):
+		fmt.Fprintln(stderr, "rls-bench report: --to and --max-steal go with --compare")
+		return 2
+	case compare && *asJSON:
+		fmt.Fprintln(stderr, "rls-bench report: --compare writes a table; it does not go with --json")
+		return 2
+	case cmpOpts.MaxSteal < 0 || cmpOpts.MaxSteal > 100:
+		fmt.Fprintf(stderr, "rls-bench report: --max-steal %g: want a percentage from 0 to 100\n", cmpOpts.MaxSteal)
 		return 2
 	}
 	var all []*bench.Result
@@ -462,6 +487,14 @@ func report(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			break
 		}
 	}
+	var cmps []bench.Comparison
+	if err == nil && compare {
+		// Pairs of single runs, before Medians combines them.
+		cmps, err = bench.Compare(all, cmpOpts)
+		if err == nil && len(cmps) == 0 {
+			err = fmt.Errorf("--compare %q --to %q: no load was measured on both sides", cmpOpts.Base, cmpOpts.Other)
+		}
+	}
 	if err == nil {
 		if *medians {
 			all = bench.Medians(all)
@@ -472,6 +505,10 @@ func report(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		} else {
 			err = bench.WriteTable(stdout, all)
 		}
+	}
+	if err == nil && compare {
+		fmt.Fprintln(stdout)
+		err = bench.WriteComparisons(stdout, cmps, cmpOpts)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "rls-bench report: %v\n", err)

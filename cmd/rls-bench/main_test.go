@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"runtime/debug"
 	"strings"
@@ -184,5 +185,43 @@ func TestReportCombinesCeilings(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "25%") || !strings.Contains(out.String(), "rls µs/req") {
 		t.Errorf("report lacks the ceiling fraction or the cpu column:\n%s", out.String())
+	}
+}
+
+// TestReportCompare: --compare prints the table and then the comparison of
+// the two sides' runs; the flags that only go with it, --compare with
+// --json and a comparison of nothing are refused.
+func TestReportCompare(t *testing.T) {
+	in := `{"label":"3 desc","target":"a","mode":"closed","callers":16,"rps":300,"p99_ms":2,"cpu":[{"name":"rls","us_per_req":50}]}
+{"label":"ratelimit: 3 desc","target":"b","mode":"closed","callers":16,"rps":200,"p99_ms":4,"cpu":[{"name":"rls","us_per_req":100}]}
+{"label":"ratelimit: 3 desc","target":"b","mode":"closed","callers":16,"rps":200,"p99_ms":4,"cpu":[{"name":"rls","us_per_req":100}]}
+{"label":"3 desc","target":"a","mode":"closed","callers":16,"rps":100,"p99_ms":5,"cpu":[{"name":"rls","us_per_req":50}]}
+`
+	var out, errb bytes.Buffer
+	if code := report([]string{"--median", "--compare", "ratelimit: "}, strings.NewReader(in), &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	// The medians table (rps 200 for each side), then the ratios: rps
+	// 300/200 and 100/200, better in one pair; CPU half in both.
+	table, cmp, ok := strings.Cut(out.String(), "\n\n")
+	if !ok || !strings.Contains(table, "ratelimit: 3 desc") || !strings.Contains(cmp, `the rows without a prefix ÷ the "ratelimit: " rows`) ||
+		!strings.Contains(cmp, "1.00× 1/2") || !strings.Contains(cmp, "0.50× 2/2") {
+		t.Errorf("report --compare printed:\n%s", out.String())
+	}
+	for _, args := range [][]string{
+		{"--to", "B: "},
+		{"--max-steal", "10"},
+		{"--compare", "ratelimit: ", "--json"},
+		{"--compare", "ratelimit: ", "--max-steal", "101"},
+	} {
+		errb.Reset()
+		if code := report(args, strings.NewReader(in), io.Discard, &errb); code != 2 || errb.Len() == 0 {
+			t.Errorf("report %q: exit %d, stderr %q; want 2 and a reason", args, code, errb.String())
+		}
+	}
+	errb.Reset()
+	if code := report([]string{"--compare", "B: "}, strings.NewReader(in), io.Discard, &errb); code != 1 ||
+		!strings.Contains(errb.String(), "no load was measured on both sides") {
+		t.Errorf("report --compare with no such runs: exit %d, stderr %q; want 1 and why", code, errb.String())
 	}
 }
