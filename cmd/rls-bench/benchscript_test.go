@@ -76,16 +76,30 @@ func TestMakeBenchCluster(t *testing.T) {
 // TestMakeBenchIncumbent: with BENCH_INCUMBENT=1 the script also builds
 // github.com/envoyproxy/ratelimit (once; from the Go module proxy), serves it
 // the same limits file, unchanged, on the same Redis, and reports a
-// "ratelimit: " row after every envoy-rls row it can express: the
-// README's side-by-side comparison comes from this path. The incumbent's
-// rows are checked as envoy-rls's are (all OK, the hot key over its limit,
-// its CPU and Redis's), except for the server latency it does not export.
+// "ratelimit: " row beside every envoy-rls row it can express (the two run
+// back to back), then the comparison of envoy-rls with it: the README's
+// side-by-side comparison comes from this path. The incumbent's rows are
+// checked as envoy-rls's are (all OK, the hot key over its limit, its CPU
+// and Redis's), except for the server latency it does not export.
 func TestMakeBenchIncumbent(t *testing.T) {
 	want := append(besideIncumbent("1 key", "3 desc, 100k", "hot key (over)"), row{"3 desc fixed, 100k", 4}, row{"4 limits, 100k", 4})
 	stdout, _, _ := runBench(t, want, "BENCH_INCUMBENT=1", "BENCH_CALLERS=4",
 		"BENCH_SCENARIOS=one-key three-desc three-desc-fixed four-limits hot-key")
 	if !strings.Contains(stdout, "envoyproxy/ratelimit v") {
 		t.Errorf("the table's header does not name the incumbent's version:\n%s", stdout)
+	}
+	_, cmp, ok := strings.Cut(stdout, `the rows without a prefix ÷ the "ratelimit: " rows`)
+	if !ok {
+		t.Fatalf("no comparison with the incumbent after the table:\n%s", stdout)
+	}
+	// Its three scenarios, but not envoy-rls's own two.
+	for _, l := range []string{"1 key", "3 desc, 100k", "hot key (over)"} {
+		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(l) + ` +4 `).MatchString(cmp) {
+			t.Errorf("the comparison has no row of %q:\n%s", l, cmp)
+		}
+	}
+	if strings.Contains(cmp, "4 limits") || strings.Contains(cmp, "fixed") {
+		t.Errorf("the comparison has a row of a scenario the incumbent did not run:\n%s", cmp)
 	}
 }
 
