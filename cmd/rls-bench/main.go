@@ -108,7 +108,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if cfg.json {
 		err = bench.WriteJSON(stdout, results)
 	} else {
-		err = bench.WriteTable(stdout, results)
+		err = bench.WriteTable(stdout, results, bench.Aligned)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "rls-bench: %v\n", err)
@@ -190,7 +190,7 @@ func parseLoad(args []string, stderr io.Writer) (loadConfig, error) {
 	fs.BoolVar(&o.FullDecode, "full-decode", false, "decode every response whole, as a generated client does (default: read only its overall_code, so that the generator's CPU does not grow with what the server answers)")
 	tlsFlags.Register(fs, "server")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage:\n  rls-bench --addr host:port [--tls --tls.ca F ...] [flags]\n  rls-bench serve-noop [--addr :8089] [--gc-percent 400] [--tls.cert F --tls.key F [--tls.client-ca F [--tls.client-san N]]]\n  rls-bench report [--median] [--json | --compare PREFIX [--to PREFIX] [--max-steal PCT]] [results.jsonl ...]\n\nFlags:\n")
+		fmt.Fprintf(fs.Output(), "Usage:\n  rls-bench --addr host:port [--tls --tls.ca F ...] [flags]\n  rls-bench serve-noop [--addr :8089] [--gc-percent 400] [--tls.cert F --tls.key F [--tls.client-ca F [--tls.client-san N]]]\n  rls-bench report [--median] [--json | [--markdown] [--compare PREFIX [--to PREFIX] [--max-steal PCT]]] [results.jsonl ...]\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -437,9 +437,10 @@ func report(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("rls-bench report", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print JSON (with the ceiling fields filled) instead of the table")
+	markdown := fs.Bool("markdown", false, "print the table (and the comparison) as Markdown tables, with the same figures")
 	medians := fs.Bool("median", false, "combine repeated runs of the same load (label, target, callers, rate) into one row of medians")
 	var cmpOpts bench.CompareOptions
-	fs.StringVar(&cmpOpts.Base, "compare", "", "after the table, compare the runs labelled `PREFIX`LOAD with those labelled --to's prefix and LOAD, run against run in the order run: each figure's median ratio over the pairs and in how many pairs the --to side did better (\"\" is the runs without a prefix)")
+	fs.StringVar(&cmpOpts.Base, "compare", "", "after the table, compare the runs whose label is `PREFIX` and a load's label with those whose label is --to's prefix and the same load's, run against run in the order run: each figure's median ratio over the pairs and in how many pairs the --to side did better (\"\" is the runs without a prefix)")
 	fs.StringVar(&cmpOpts.Other, "to", "", "with --compare: the `PREFIX` of the runs compared with --compare's (\"\", the default, is the runs without a prefix)")
 	fs.Float64Var(&cmpOpts.MaxSteal, "max-steal", 0, "with --compare: leave out the pairs in which either run lost this `percent` or more of the machine's CPU time to the hypervisor (steal); 0 keeps every pair")
 	if err := fs.Parse(args); err != nil {
@@ -454,6 +455,9 @@ func report(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	switch {
 	case !compare && (set["to"] || set["max-steal"]):
 		fmt.Fprintln(stderr, "rls-bench report: --to and --max-steal go with --compare")
+		return 2
+	case *asJSON && *markdown:
+		fmt.Fprintln(stderr, "rls-bench report: --json or --markdown, not both")
 		return 2
 	case compare && *asJSON:
 		fmt.Fprintln(stderr, "rls-bench report: --compare writes a table; it does not go with --json")
@@ -487,6 +491,10 @@ func report(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			break
 		}
 	}
+	layout := bench.Aligned
+	if *markdown {
+		layout = bench.Markdown
+	}
 	var cmps []bench.Comparison
 	if err == nil && compare {
 		// Pairs of single runs, before Medians combines them.
@@ -503,12 +511,12 @@ func report(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		if *asJSON {
 			err = bench.WriteJSON(stdout, all)
 		} else {
-			err = bench.WriteTable(stdout, all)
+			err = bench.WriteTable(stdout, all, layout)
 		}
 	}
 	if err == nil && compare {
 		fmt.Fprintln(stdout)
-		err = bench.WriteComparisons(stdout, cmps, cmpOpts)
+		err = bench.WriteComparisons(stdout, cmps, cmpOpts, layout)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "rls-bench report: %v\n", err)

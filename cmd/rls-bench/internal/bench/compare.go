@@ -104,9 +104,10 @@ func Compare(rs []*Result, o CompareOptions) ([]Comparison, error) {
 		}
 		n := min(len(b), len(x))
 		c := Comparison{Label: k.label, Mode: k.mode, Callers: k.callers, Rate: k.rate, Unpaired: len(b) + len(x) - 2*n, StealPct: -1}
-		var pairs [][2]*Result
+		var all, pairs [][2]*Result
 		var steals []float64
 		for i := range n {
+			all = append(all, [2]*Result{b[i], x[i]})
 			stolen, measured := pairSteal(b[i], x[i])
 			if o.MaxSteal > 0 && stolen >= o.MaxSteal {
 				c.Dropped++
@@ -121,7 +122,9 @@ func Compare(rs []*Result, o CompareOptions) ([]Comparison, error) {
 		if len(steals) > 0 {
 			c.StealPct = median(steals)
 		}
-		for _, f := range comparedFigures(pairs) {
+		// The figures of every pair, those left out included, so that a
+		// load whose pairs were all left out still lists them (as "-").
+		for _, f := range comparedFigures(all) {
 			var ratios []float64
 			better := 0
 			for _, p := range pairs {
@@ -190,11 +193,11 @@ func comparedFigures(pairs [][2]*Result) []figure {
 	return fs
 }
 
-// WriteComparisons writes cs as a table headed by a sentence that names the
-// two sides of o. Each figure's cell is the median ratio and, after it, in
+// WriteComparisons writes cs as a table laid out as l, headed by a sentence
+// that names the two sides of o (a paragraph of its own in Markdown). Each figure's cell is the median ratio and, after it, in
 // how many of the pairs that measured it Other did better ("1.52× 5/5");
 // "-" where no pair measured it. It writes nothing for no comparisons.
-func WriteComparisons(w io.Writer, cs []Comparison, o CompareOptions) error {
+func WriteComparisons(w io.Writer, cs []Comparison, o CompareOptions, l Layout) error {
 	if len(cs) == 0 {
 		return nil
 	}
@@ -252,7 +255,10 @@ func WriteComparisons(w io.Writer, cs []Comparison, o CompareOptions) error {
 		}
 		rows = append(rows, append(row, steal))
 	}
-	if _, err := fmt.Fprintf(w, "%s\n%s", head, alignRows(rows, 1)); err != nil {
+	if l == Markdown {
+		head = strings.ReplaceAll(head, "\n", " ") + ":\n"
+	}
+	if _, err := fmt.Fprintf(w, "%s\n%s", head, l.render(rows, 1)); err != nil {
 		return fmt.Errorf("write comparison: %w", err)
 	}
 	return nil

@@ -79,7 +79,7 @@ func TestComparePairsRunsInOrder(t *testing.T) {
 	}
 
 	var b strings.Builder
-	if err := WriteComparisons(&b, cs, CompareOptions{Base: "ratelimit: "}); err != nil {
+	if err := WriteComparisons(&b, cs, CompareOptions{Base: "ratelimit: "}, Aligned); err != nil {
 		t.Fatal(err)
 	}
 	out := b.String()
@@ -123,7 +123,7 @@ func TestCompareStealUnpairedAndPrefixes(t *testing.T) {
 		t.Errorf("rps %+v, want the median of 1.1 and 0.9 and better in 1 of 2", f)
 	}
 	var b strings.Builder
-	if err := WriteComparisons(&b, cs, CompareOptions{Base: "", Other: "B: ", MaxSteal: 10}); err != nil {
+	if err := WriteComparisons(&b, cs, CompareOptions{Base: "", Other: "B: ", MaxSteal: 10}, Aligned); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{`the "B: " rows ÷ the rows without a prefix`, "2 (1 left out, 1 unpaired)", "10% or more"} {
@@ -142,5 +142,73 @@ func TestCompareStealUnpairedAndPrefixes(t *testing.T) {
 	}
 	if cs, err := Compare(rs, CompareOptions{Base: "x: "}); err != nil || len(cs) != 0 {
 		t.Errorf("no run has the prefix x: %+v, %v; want no comparison", cs, err)
+	}
+}
+
+// TestMarkdownLayout: a Markdown table holds the same cells as the aligned
+// one, row for row (a header, the rule, then the rows), names aligned left
+// and numbers right, with a "|" in a cell escaped; the comparison's
+// sentence becomes a paragraph before its table.
+func TestMarkdownLayout(t *testing.T) {
+	rs := []*Result{
+		run("1 key", 16, 100, 1, 50, 0), run("ratelimit: 1 key", 16, 60, 2, 120, 1),
+		run("a|b", 64, 70, 3, 40, 2),
+	}
+	cells := func(line string) []string {
+		return strings.Split(strings.TrimSpace(line), "  ")
+	}
+	var aligned, md strings.Builder
+	if err := WriteTable(&aligned, rs, Aligned); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteTable(&md, rs, Markdown); err != nil {
+		t.Fatal(err)
+	}
+	al := strings.Split(strings.TrimSuffix(aligned.String(), "\n"), "\n")
+	ml := strings.Split(strings.TrimSuffix(md.String(), "\n"), "\n")
+	if len(ml) != len(al)+1 {
+		t.Fatalf("%d Markdown lines for %d aligned ones:\n%s\n%s", len(ml), len(al), md.String(), aligned.String())
+	}
+	for i, line := range ml {
+		if !strings.HasPrefix(line, "| ") || !strings.HasSuffix(line, " |") {
+			t.Errorf("Markdown line %d is not a table row: %q", i, line)
+			continue
+		}
+		got := strings.Split(strings.ReplaceAll(line[2:len(line)-2], `\|`, "\x00"), " | ")
+		for j := range got {
+			got[j] = strings.ReplaceAll(got[j], "\x00", "|")
+		}
+		if i == 1 {
+			if got[0] != "---" || got[1] != "---" || got[2] != "---:" || got[len(got)-1] != "---:" {
+				t.Errorf("the rule %q: want the two name columns left, the numbers right", line)
+			}
+			continue
+		}
+		var want []string
+		for _, c := range cells(al[max(i-1, 0)]) {
+			if c = strings.TrimSpace(c); c != "" {
+				want = append(want, c)
+			}
+		}
+		if strings.Join(got, "\x01") != strings.Join(want, "\x01") {
+			t.Errorf("Markdown row %d %q, want the aligned row's cells %q", i, got, want)
+		}
+	}
+	if !strings.Contains(md.String(), `| a\|b |`) {
+		t.Errorf("the label a|b is not escaped:\n%s", md.String())
+	}
+
+	cs, err := Compare(rs, CompareOptions{Base: "ratelimit: "})
+	if err != nil {
+		t.Fatal(err)
+	}
+	md.Reset()
+	if err := WriteComparisons(&md, cs, CompareOptions{Base: "ratelimit: "}, Markdown); err != nil {
+		t.Fatal(err)
+	}
+	head, table, ok := strings.Cut(md.String(), "\n\n")
+	if !ok || strings.Contains(head, "\n") || !strings.HasSuffix(head, ":") ||
+		!strings.HasPrefix(table, "| load | callers | pairs | rps |") || !strings.Contains(table, "| 1 key | 16 | 1 | 1.67× 1/1 |") {
+		t.Errorf("the Markdown comparison:\n%s", md.String())
 	}
 }

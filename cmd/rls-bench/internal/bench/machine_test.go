@@ -94,7 +94,7 @@ func TestMachineInResults(t *testing.T) {
 	}
 	without := &Result{Label: "b", Mode: "closed", Callers: 16, RPS: 100}
 	var tbl bytes.Buffer
-	if err := WriteTable(&tbl, []*Result{r, without}); err != nil {
+	if err := WriteTable(&tbl, []*Result{r, without}, Aligned); err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimRight(tbl.String(), "\n"), "\n")
@@ -103,7 +103,7 @@ func TestMachineInResults(t *testing.T) {
 		t.Errorf("table:\n%s", tbl.String())
 	}
 	tbl.Reset()
-	if err := WriteTable(&tbl, []*Result{without}); err != nil {
+	if err := WriteTable(&tbl, []*Result{without}, Aligned); err != nil {
 		t.Fatal(err)
 	}
 	if strings.Contains(tbl.String(), "steal") {

@@ -104,7 +104,7 @@ func TestRunCountsRedisRoundTrips(t *testing.T) {
 		t.Errorf("Redis = %+v, want %+v", res.Redis, want)
 	}
 	var tbl bytes.Buffer
-	if err := WriteTable(&tbl, []*Result{res}); err != nil {
+	if err := WriteTable(&tbl, []*Result{res}, Aligned); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(tbl.String(), "redis cmds/req  redis reads/req") || !strings.Contains(tbl.String(), "1.00             1.00") {

@@ -408,14 +408,34 @@ func ReadJSON(rd io.Reader) ([]*Result, error) {
 	return rs, nil
 }
 
-// WriteTable writes the results as an aligned table: one row per run, the
+// Layout is how WriteTable and WriteComparisons lay a table out.
+type Layout int
+
+const (
+	// Aligned pads the columns with spaces, for a terminal.
+	Aligned Layout = iota
+	// Markdown writes a GitHub-flavoured Markdown table, for a README or a
+	// note: the figures exactly as Aligned shows them.
+	Markdown
+)
+
+// render lays rows (the first the header) out; the first `left` columns
+// hold names, the others numbers.
+func (l Layout) render(rows [][]string, left int) string {
+	if l == Markdown {
+		return markdownRows(rows, left)
+	}
+	return alignRows(rows, left)
+}
+
+// WriteTable writes the results as a table laid out as l: one row per run, the
 // server's own p50 and p99 when any result has them, one "<name> µs/req"
 // column per CPU probe name seen in any result, then one "<name> wait
 // µs/req" column (run-queue wait) per name that any result has a wait of,
 // Redis's commands and read events per request when any result has them,
 // the machine's idle and steal shares when any result has them, and the
 // fraction of the ceiling when known. Latencies are in milliseconds.
-func WriteTable(w io.Writer, rs []*Result) error {
+func WriteTable(w io.Writer, rs []*Result, l Layout) error {
 	var cpuNames, waitNames []string
 	for _, r := range rs {
 		for _, c := range r.CPU {
@@ -520,7 +540,7 @@ func WriteTable(w io.Writer, rs []*Result) error {
 		}
 		rows = append(rows, row)
 	}
-	if _, err := io.WriteString(w, alignRows(rows, 2)); err != nil {
+	if _, err := io.WriteString(w, l.render(rows, 2)); err != nil {
 		return fmt.Errorf("write table: %w", err)
 	}
 	return nil
@@ -565,6 +585,34 @@ func alignRows(rows [][]string, left int) string {
 			}
 		}
 		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// markdownRows lays rows out as a Markdown table whose first row is the
+// header: the first `left` columns (names) aligned left, the others
+// (numbers) right; a "|" in a cell is escaped.
+func markdownRows(rows [][]string, left int) string {
+	var b strings.Builder
+	line := func(cells []string) {
+		b.WriteString("|")
+		for _, c := range cells {
+			b.WriteString(" " + strings.ReplaceAll(c, "|", `\|`) + " |")
+		}
+		b.WriteByte('\n')
+	}
+	for i, row := range rows {
+		line(row)
+		if i == 0 {
+			rule := make([]string, len(row))
+			for j := range rule {
+				rule[j] = "---:"
+				if j < left {
+					rule[j] = "---"
+				}
+			}
+			line(rule)
+		}
 	}
 	return b.String()
 }

@@ -67,7 +67,7 @@ func TestResultsJSONRoundTripAndCeilings(t *testing.T) {
 		}
 	}
 	var tbl bytes.Buffer
-	if err := WriteTable(&tbl, out); err != nil {
+	if err := WriteTable(&tbl, out, Aligned); err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimRight(tbl.String(), "\n"), "\n")
@@ -418,7 +418,7 @@ func TestMedians(t *testing.T) {
 		t.Errorf("median of an even count = %v, want 2.5", m)
 	}
 	var buf bytes.Buffer
-	if err := WriteTable(&buf, got); err != nil {
+	if err := WriteTable(&buf, got, Aligned); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(buf.String(), "runs") {

@@ -167,7 +167,7 @@ func TestRunReportsServerLatency(t *testing.T) {
 		t.Errorf("server latency = %+v, want 200 requests, p50 0.1 ms, p99 0.198 ms", l)
 	}
 	var tbl strings.Builder
-	if err := WriteTable(&tbl, []*Result{res}); err != nil {
+	if err := WriteTable(&tbl, []*Result{res}, Aligned); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(tbl.String(), "server p99 ms") || !strings.Contains(tbl.String(), "0.198") {
