@@ -132,6 +132,13 @@
 #                    against the default. B's flags come after
 #                    BENCH_RLS_ARGS (both instances get those): a flag
 #                    given twice takes B's value
+#   BENCH_B_REV      a git revision of this repository (a commit, branch or
+#                    tag) to build B from instead of the working tree, which
+#                    envoy-rls is always built from: BENCH_B_REV=main
+#                    measures the main branch against your change (the
+#                    comparison is B ÷ envoy-rls, so there a CPU ratio above
+#                    1 means your change spends less). The limits files
+#                    come from the working tree for both
 #   BENCH_MAX_STEAL  the comparisons (with BENCH_INCUMBENT or BENCH_B_*) leave
 #                    out the pairs of runs in which the hypervisor took this
 #                    percentage or more of the machine's CPU time (default
@@ -174,6 +181,7 @@ BENCH_INCUMBENT_VERSION="${BENCH_INCUMBENT_VERSION:-v1.4.1-0.20260122083618-3fb7
 BENCH_INCUMBENT_ENV="${BENCH_INCUMBENT_ENV:-}"
 BENCH_B_ARGS="${BENCH_B_ARGS:-}"
 BENCH_B_ENV="${BENCH_B_ENV:-}"
+BENCH_B_REV="${BENCH_B_REV:-}"
 BENCH_MAX_STEAL="${BENCH_MAX_STEAL:-10}"
 case "$BENCH_REDIS" in
 single | unix | tls | cluster) ;;
@@ -308,6 +316,19 @@ if [ "$needs_rls" = 1 ]; then
 	log "building envoy-rls"
 	go build -tags vtprotobuf -o "$BIN/envoy-rls" ./cmd/envoy-rls ||
 		die "envoy-rls does not build; BENCH_SCENARIOS=ceiling runs the do-nothing ceiling alone"
+	B_BIN="$BIN/envoy-rls"
+	if [ -n "$BENCH_B_REV" ]; then
+		# The revision's tree, from git, built as the working tree is.
+		B_COMMIT="$(git -C "$ROOT" rev-parse --verify --quiet "$BENCH_B_REV^{commit}")" ||
+			die "BENCH_B_REV=$BENCH_B_REV: not a commit of this repository (git rev-parse)"
+		log "building envoy-rls B at $BENCH_B_REV ($B_COMMIT)"
+		mkdir -p "$TMP/b-src"
+		git -C "$ROOT" archive "$B_COMMIT" | tar -x -C "$TMP/b-src" ||
+			die "BENCH_B_REV=$BENCH_B_REV: git archive failed"
+		B_BIN="$TMP/envoy-rls-b"
+		(cd "$TMP/b-src" && go build -tags vtprotobuf -o "$B_BIN" ./cmd/envoy-rls) ||
+			die "envoy-rls at BENCH_B_REV=$BENCH_B_REV does not build"
+	fi
 	command -v redis-server >/dev/null 2>&1 ||
 		die "redis-server not found in PATH: run \`make test\` (it installs redis-server) or scripts/install-deps.sh"
 	if [ "$BENCH_REDIS" = cluster ]; then
@@ -338,8 +359,8 @@ case "$BENCH_INCUMBENT" in
 	[ -x "$INC_BIN" ] || die "BENCH_INCUMBENT=$BENCH_INCUMBENT: want 1 or the path of an envoyproxy/ratelimit binary"
 	;;
 esac
-if [ -n "$BENCH_B_ARGS$BENCH_B_ENV" ] && [ "$needs_rls" = 0 ]; then
-	die "BENCH_B_ARGS/BENCH_B_ENV: BENCH_SCENARIOS=\"$BENCH_SCENARIOS\" has no scenario that runs envoy-rls"
+if [ -n "$BENCH_B_ARGS$BENCH_B_ENV$BENCH_B_REV" ] && [ "$needs_rls" = 0 ]; then
+	die "BENCH_B_ARGS/BENCH_B_ENV/BENCH_B_REV: BENCH_SCENARIOS=\"$BENCH_SCENARIOS\" has no scenario that runs envoy-rls"
 fi
 if [ -n "$INC_BIN" ] && [ "$needs_rls" = 0 ]; then
 	die "BENCH_INCUMBENT: BENCH_SCENARIOS=\"$BENCH_SCENARIOS\" has no scenario that runs on Redis"
@@ -504,11 +525,11 @@ if [ "$needs_rls" = 1 ]; then
 	# start_rls: envoy-rls on ports it picks, with BENCH_RLS_ARGS and
 	# BENCH_RLS_ENV, then START_EXTRA_ARGS and START_EXTRA_ENV (the second
 	# one's; later flags win); sets START_ADDR, START_HTTP and LAUNCHED_PID.
-	START_NAME=envoy-rls START_EXTRA_ARGS="" START_EXTRA_ENV=""
+	START_NAME=envoy-rls START_BIN="$BIN/envoy-rls" START_EXTRA_ARGS="" START_EXTRA_ENV=""
 	start_rls() {
 		START_ADDR="$(grpc_addr "$START_NAME")"
 		START_HTTP="$(free_port)"
-		env $BENCH_RLS_ENV $START_EXTRA_ENV "$BIN/envoy-rls" serve \
+		env $BENCH_RLS_ENV $START_EXTRA_ENV "$START_BIN" serve \
 			--config.dir "$TMP/config" \
 			--grpc.addr "$START_ADDR" "${RLS_TLS[@]}" \
 			--http.addr "127.0.0.1:$START_HTTP" \
@@ -523,11 +544,11 @@ if [ "$needs_rls" = 1 ]; then
 	launch envoy-rls "$TMP/envoy-rls.log" start_rls rls_ready
 	RLS_ADDR="$START_ADDR" RLS_HTTP="$START_HTTP" RLS_PID="$LAUNCHED_PID"
 	log "redis ($BENCH_REDIS) ${REDIS_FLAG[*]}, envoy-rls pid $RLS_PID on $RLS_ADDR${RLS_TLS[*]:+ with ${RLS_TLS[*]}} (http :$RLS_HTTP), do-nothing pid $NOOP_PID on $NOOP_ADDR${NOOP_TLS[*]:+ with ${NOOP_TLS[*]}}"
-	if [ -n "$BENCH_B_ARGS$BENCH_B_ENV" ]; then
-		START_NAME=envoy-rls-b START_EXTRA_ARGS="$BENCH_B_ARGS" START_EXTRA_ENV="$BENCH_B_ENV"
+	if [ -n "$BENCH_B_ARGS$BENCH_B_ENV$BENCH_B_REV" ]; then
+		START_NAME=envoy-rls-b START_BIN="$B_BIN" START_EXTRA_ARGS="$BENCH_B_ARGS" START_EXTRA_ENV="$BENCH_B_ENV"
 		launch "envoy-rls B" "$TMP/envoy-rls-b.log" start_rls rls_ready
 		RLSB_ADDR="$START_ADDR" RLSB_HTTP="$START_HTTP" RLSB_PID="$LAUNCHED_PID"
-		log "envoy-rls B (${BENCH_B_ENV:+$BENCH_B_ENV }${BENCH_B_ARGS:-no other flags}) pid $RLSB_PID on $RLSB_ADDR (http :$RLSB_HTTP), on the same Redis"
+		log "envoy-rls B (${BENCH_B_REV:+at $BENCH_B_REV $B_COMMIT, }${BENCH_B_ENV:+$BENCH_B_ENV }${BENCH_B_ARGS:-no other flags}) pid $RLSB_PID on $RLSB_ADDR (http :$RLSB_HTTP), on the same Redis"
 	fi
 fi
 

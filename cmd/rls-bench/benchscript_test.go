@@ -189,20 +189,23 @@ func TestMakeBenchGRPCTLS(t *testing.T) {
 // that of the second envoy-rls (BENCH_B_ARGS).
 const incumbentPrefix, bPrefix = "ratelimit: ", "B: "
 
-// TestMakeBenchB: with BENCH_B_ARGS the script starts a second envoy-rls
-// with those flags on the same Redis and runs every envoy-rls scenario
-// against both ("B: " rows, checked as envoy-rls's), back to back, the one
-// that goes first turning every round; after the table it prints the
-// comparison of B with the first, a pair of runs per round.
+// TestMakeBenchB: with BENCH_B_REV and BENCH_B_ARGS the script builds a
+// second envoy-rls from that revision (HEAD here: git archive, then go
+// build), starts it with those flags on the same Redis and runs every
+// envoy-rls scenario against both ("B: " rows, checked as envoy-rls's),
+// back to back, the one that goes first turning every round; after the
+// table it prints the comparison of B with the first, a pair of runs per
+// round.
 func TestMakeBenchB(t *testing.T) {
 	var want []row
 	for _, l := range []string{"1 key", "4 limits, 100k", "hot key (over)"} {
 		want = append(want, row{l, 4}, row{bPrefix + l, 4})
 	}
-	stdout, stderr, rs := runBench(t, want, "BENCH_B_ARGS=--redis.senders 1", "BENCH_REPEAT=2", "BENCH_MAX_STEAL=0",
+	stdout, stderr, rs := runBench(t, want, "BENCH_B_REV=HEAD", "BENCH_B_ARGS=--redis.senders 1", "BENCH_REPEAT=2", "BENCH_MAX_STEAL=0",
 		"BENCH_CALLERS=4", "BENCH_SCENARIOS=one-key four-limits hot-key")
-	if !regexp.MustCompile(`(?m)envoy-rls B \(--redis\.senders 1\) pid \d+ on 127\.0\.0\.1:\d+`).MatchString(stderr) {
-		t.Errorf("the script's log does not name B's flags:\n%s", stderr)
+	if !regexp.MustCompile(`(?m)^bench: building envoy-rls B at HEAD \([0-9a-f]{40}\)$`).MatchString(stderr) ||
+		!regexp.MustCompile(`(?m)envoy-rls B \(at HEAD [0-9a-f]{40}, --redis\.senders 1\) pid \d+ on 127\.0\.0\.1:\d+`).MatchString(stderr) {
+		t.Errorf("the script's log does not say it built B at HEAD and started it with B's flags:\n%s", stderr)
 	}
 	// Each scenario's first run in round 1 is envoy-rls's, in round 2 B's.
 	first := map[string][]string{} // scenario → the prefix of its first run in each round
@@ -390,4 +393,32 @@ func runBench(t *testing.T, want []row, env ...string) (stdoutText, stderrText s
 		}
 	}
 	return stdout.String(), stderr.String(), rs
+}
+
+// TestMakeBenchRefusals: settings the script cannot honour stop it before
+// any run, with a message that names the setting.
+func TestMakeBenchRefusals(t *testing.T) {
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		env  []string
+		want string
+	}{
+		{[]string{"BENCH_MAX_STEAL=ten"}, "BENCH_MAX_STEAL=ten: want a percentage from 0 to 100"},
+		{[]string{"BENCH_MAX_STEAL=100.5"}, "BENCH_MAX_STEAL=100.5: want a percentage"},
+		{[]string{"BENCH_B_ARGS=--redis.senders 1", "BENCH_SCENARIOS=ceiling"}, `BENCH_SCENARIOS="ceiling" has no scenario that runs envoy-rls`},
+		{[]string{"BENCH_B_REV=no-such-revision", "BENCH_SCENARIOS=one-key"}, "BENCH_B_REV=no-such-revision: not a commit of this repository"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		cmd := exec.CommandContext(ctx, "bash", filepath.Join(root, "scripts", "bench.sh"))
+		cmd.Dir = root
+		cmd.Env = append(append(os.Environ(), "TMPDIR="+t.TempDir()), tc.env...)
+		out, err := cmd.CombinedOutput()
+		cancel()
+		if err == nil || !strings.Contains(string(out), tc.want) || strings.Contains(string(out), "bench: run ") {
+			t.Errorf("%q: err %v, output:\n%s\nwant a failure before any run saying %q", tc.env, err, out, tc.want)
+		}
+	}
 }
