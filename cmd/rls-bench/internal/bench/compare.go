@@ -9,8 +9,8 @@ import (
 
 // CompareOptions says which runs Compare sets against which: those whose
 // label starts with Base against those whose label starts with Other, for
-// the same load (the rest of the label, mode, callers, rate, descriptors per
-// request and decoding). An empty prefix is the runs whose label has no
+// the same load (the rest of the label, mode, TLS, callers, rate,
+// descriptors per request and decoding). An empty prefix is the runs whose label has no
 // prefix: Base "ratelimit: " and Other "" set envoy-rls against the
 // incumbent in make bench's results, Base "" and Other "B: " the second
 // envoy-rls (BENCH_B_ARGS) against the first.
@@ -70,13 +70,13 @@ func Compare(rs []*Result, o CompareOptions) ([]Comparison, error) {
 		return nil, fmt.Errorf("compare: both sides have the prefix %q", o.Base)
 	}
 	type loadKey struct {
-		label, mode          string
+		label, mode, tls     string
 		callers, descriptors int
 		rate                 float64
 		fullDecode           bool
 	}
 	key := func(r *Result, rest string) loadKey {
-		return loadKey{rest, r.Mode, r.Callers, r.Descriptors, r.Rate, r.FullDecode}
+		return loadKey{rest, r.Mode, r.TLS, r.Callers, r.Descriptors, r.Rate, r.FullDecode}
 	}
 	var order []loadKey
 	base, other := map[loadKey][]*Result{}, map[loadKey][]*Result{}
@@ -194,9 +194,10 @@ func comparedFigures(pairs [][2]*Result) []figure {
 }
 
 // WriteComparisons writes cs as a table laid out as l, headed by a sentence
-// that names the two sides of o (a paragraph of its own in Markdown). Each figure's cell is the median ratio and, after it, in
-// how many of the pairs that measured it Other did better ("1.52× 5/5");
-// "-" where no pair measured it. It writes nothing for no comparisons.
+// that names the two sides of o (a paragraph of its own in Markdown). Each
+// figure's cell is the median ratio and, after it, in how many of the
+// pairs that measured it Other did better ("1.52× 5/5"); "-" where no pair
+// measured it. It writes nothing for no comparisons.
 func WriteComparisons(w io.Writer, cs []Comparison, o CompareOptions, l Layout) error {
 	if len(cs) == 0 {
 		return nil

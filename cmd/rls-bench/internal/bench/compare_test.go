@@ -98,7 +98,8 @@ func TestComparePairsRunsInOrder(t *testing.T) {
 }
 
 // TestCompareStealUnpairedAndPrefixes: pairs with too much steal are left
-// out and counted; runs without a counterpart are counted; an empty Base is
+// out and counted; runs without a counterpart are counted; a run over TLS
+// is no pair of one in plain text; an empty Base is
 // the unprefixed runs, set against a prefixed second server's, and the
 // prefixed runs of a third server are no load of either side.
 func TestCompareStealUnpairedAndPrefixes(t *testing.T) {
@@ -107,7 +108,9 @@ func TestCompareStealUnpairedAndPrefixes(t *testing.T) {
 		run("B: 1 key", 16, 300, 1, 10, 25), run("1 key", 16, 100, 1, 50, 0), // the pair's B run lost 25% to steal
 		run("1 key", 16, 100, 1, 50, 3), run("B: 1 key", 16, 90, 1, 55, 0),
 		run("1 key", 16, 100, 1, 50, 0), // a fourth run of A without its B
+		run("B: 1 key", 16, 500, 1, 5, 0), // over TLS, below: another load
 	}
+	rs[len(rs)-1].TLS = "tls"
 	cs, err := Compare(rs, CompareOptions{Base: "", Other: "B: ", MaxSteal: 10})
 	if err != nil {
 		t.Fatal(err)
