@@ -107,7 +107,7 @@ func TestCompareStealUnpairedAndPrefixes(t *testing.T) {
 		run("1 key", 16, 100, 1, 50, 0), run("B: 1 key", 16, 110, 1, 45, 0), run("ratelimit: 1 key", 16, 60, 2, 120, 0),
 		run("B: 1 key", 16, 300, 1, 10, 25), run("1 key", 16, 100, 1, 50, 0), // the pair's B run lost 25% to steal
 		run("1 key", 16, 100, 1, 50, 3), run("B: 1 key", 16, 90, 1, 55, 0),
-		run("1 key", 16, 100, 1, 50, 0), // a fourth run of A without its B
+		run("1 key", 16, 100, 1, 50, 0),   // a fourth run of A without its B
 		run("B: 1 key", 16, 500, 1, 5, 0), // over TLS, below: another load
 	}
 	rs[len(rs)-1].TLS = "tls"
