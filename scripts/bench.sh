@@ -717,7 +717,8 @@ fi
 echo "envoy-rls bench: $(nproc 2>/dev/null || echo '?') CPUs (load average at the end: $load), Redis: $BENCH_REDIS, gRPC: $BENCH_GRPC$incumbent, medians of ${BENCH_REPEAT} rounds of ${BENCH_DURATION} measured after ${BENCH_WARMUP} warm-up, ${BENCH_CONNECTIONS} connections; latencies in ms"
 "$BIN/rls-bench" report --median "$RESULTS"
 # The comparisons: each pair of runs ran back to back, so their ratios are
-# steadier than the ratio of the medians above.
+# steadier than the ratio of the medians above. report --compare prints the
+# runs' table first; sed drops it, up to the blank line after it.
 if [ -n "$INC_BIN" ]; then
 	echo
 	"$BIN/rls-bench" report --compare "ratelimit: " --max-steal "$BENCH_MAX_STEAL" "$RESULTS" | sed '1,/^$/d'
