@@ -17,7 +17,10 @@
 //     server cannot hide its stall: no coordinated omission).
 //   - NoopServer is a RateLimitService that answers OK at once: the ceiling
 //     a gRPC server can reach on this machine, for comparison.
-//   - Result, WriteTable and the JSON form report a run.
+//   - Result, WriteTable and the JSON form report a run; Medians combines
+//     repeated runs, and Compare sets the runs of two servers (or two
+//     settings) made back to back against each other, pair by pair
+//     (WriteComparisons). Both tables are laid out Aligned or as Markdown.
 //
 // Run and the NoopServer own every goroutine they start: Run returns only
 // after all its callers have stopped, and NoopServer.Close stops the server.
