@@ -47,4 +47,8 @@ local cs = {
   n = 0, pos = {}, key = {}, raw = {}, st = {}, sb0 = {}, slot = {},
   wspec = {}, wnow = {}, wlist = {}, idx = {},
   parsed = {}, first = {}, orig = {}, cur = {}, kst = {}, sst = {},
+  -- The lone group's path (check.lua): by position, the parsed spec, the
+  -- state as loaded, decide's scratch, whether it is written, and the
+  -- reply's integers.
+  fp = {}, fs = {}, fn = {}, fw = {}, fo = {},
 }
