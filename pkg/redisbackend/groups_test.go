@@ -2,6 +2,8 @@ package redisbackend
 
 import (
 	"context"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -130,5 +132,90 @@ func TestFailedCallLeavesNoScratch(t *testing.T) {
 	}
 	if res[0].Remaining != 9 || res[1].Remaining != 7 {
 		t.Errorf("C remaining %d, A remaining %d; want 9 and 7 (own counters, nothing of the failed call)", res[0].Remaining, res[1].Remaining)
+	}
+}
+
+// TestKeyPositionsAcrossCalls: check.lua's string counters' path knows a
+// counter by the position of its first request in KEYS, found by scanning
+// KEYS in a call of up to eight keys and through a table kept across calls
+// (as a Function) above that, whose entries earlier calls leave behind. Calls
+// of ten and eleven keys in changing orders, a key repeated within a call,
+// each count on their own counters.
+func TestKeyPositionsAcrossCalls(t *testing.T) {
+	r := testenv.RedisServer(t)
+	b := newSingle(t, r, DefaultKeyPrefix, nil)
+	ctx := context.Background()
+	for _, alg := range []limiter.Algorithm{limiter.SlidingWindow, limiter.FixedWindow, limiter.TokenBucket} {
+		t.Run(alg.String(), func(t *testing.T) {
+			lim := limiter.Limit{Algorithm: alg, Requests: 10, Window: time.Hour}
+			reqs := make([]limiter.Request, 10)
+			for i := range reqs {
+				reqs[i] = limiter.Request{Key: key(t.Name(), strconv.Itoa(i)), Limit: lim, Hits: 1}
+			}
+			// 1: every key once, in order. 2: reversed, the first key again at
+			// the end (its second request sees the first). 3: rotated by
+			// three, which puts the first key at position 8. 4: as 3, but the
+			// first key at position 2 too, where the table still says 8 from
+			// call 3 (an entry that names a later position of the same key
+			// is not the key's first request).
+			reversed := slices.Clone(reqs)
+			slices.Reverse(reversed)
+			reversed = append(reversed, reqs[0])
+			rotated := append(slices.Clone(reqs[3:]), reqs[:3]...)
+			twice := slices.Clone(rotated)
+			twice[1] = reqs[0]
+			want := make(map[string]int64)
+			for n, call := range [][]limiter.Request{reqs, reversed, rotated, twice} {
+				res := make([]limiter.Result, len(call))
+				if err := b.Check(ctx, call, res); err != nil {
+					t.Fatalf("call %d: %v", n+1, err)
+				}
+				for i, x := range res {
+					if !x.Allowed {
+						t.Fatalf("call %d request %d denied: %+v", n+1, i+1, x)
+					}
+					want[call[i].Key]++
+				}
+			}
+			for i, req := range reqs {
+				if got := used(t, b, req); got != want[req.Key] {
+					t.Errorf("key %d holds %d hits, want %d", i, got, want[req.Key])
+				}
+			}
+		})
+	}
+}
+
+// TestLastGroupWritesOnce: a counter that earlier groups of a call and its
+// last group consume is written once, with the last group's state.
+//
+//	group 1: A      group 2: A, B      group 3: A
+func TestLastGroupWritesOnce(t *testing.T) {
+	r := testenv.RedisServer(t)
+	b := newSingle(t, r, DefaultKeyPrefix, nil)
+	ctx := context.Background()
+	lim := limiter.Limit{Requests: 5, Window: time.Hour}
+	a := limiter.Request{Key: key(t.Name(), "A"), Limit: lim, Hits: 1}
+	bb := limiter.Request{Key: key(t.Name(), "B"), Limit: lim, Hits: 1}
+	var keys, argv []string
+	for _, reqs := range [][]limiter.Request{{a}, {a, bb}, {a}} {
+		var g group
+		g.encode(b, reqs, nil)
+		keys = append(keys, g.keys...)
+		argv = append(argv, g.argv...)
+	}
+	before := r.CommandCalls(t)
+	if err := b.runCheck(ctx, &batch{}, keys, argv, b.flags[0]).Err(); err != nil {
+		t.Fatalf("check: %v", err)
+	}
+	after := r.CommandCalls(t)
+	if n := after["set"] - before["set"]; n != 2 {
+		t.Errorf("%d SETs in one call, want 2 (one per counter)", n)
+	}
+	if got := used(t, b, a); got != 3 {
+		t.Errorf("A holds %d hits, want 3", got)
+	}
+	if got := used(t, b, bb); got != 1 {
+		t.Errorf("B holds %d hits, want 1", got)
 	}
 }

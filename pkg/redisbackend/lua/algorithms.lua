@@ -16,7 +16,7 @@ local specs, spec_count, spec_cache_max = {}, 0, 4096
 
 -- parse_spec returns the parsed request spec "<alg> <window_ms> <limit>
 -- <capacity> <hits> <shadow>" as {module, window, limit, capacity, hits,
--- shadow}, or nil if it is malformed or names an unknown algorithm. The table
+-- shadow, string_state (the module's, looked up once)}, or nil if it is malformed or names an unknown algorithm. The table
 -- is shared: callers must not modify it.
 local function parse_spec(text)
   local p = specs[text]
@@ -34,7 +34,7 @@ local function parse_spec(text)
   if spec_count >= spec_cache_max then
     specs, spec_count = {}, 0
   end
-  p = {m, tonumber(w), tonumber(l), tonumber(cap), tonumber(h), sh == '1'}
+  p = {m, tonumber(w), tonumber(l), tonumber(cap), tonumber(h), sh == '1', m.string_state == true}
   specs[text] = p
   spec_count = spec_count + 1
   return p
@@ -48,7 +48,11 @@ local cs = {
   wspec = {}, wnow = {}, wlist = {}, idx = {},
   parsed = {}, first = {}, orig = {}, cur = {}, kst = {}, sst = {},
   -- The lone group's path (check.lua): by position, the parsed spec, the
-  -- state as loaded, decide's scratch, whether it is written, and the
-  -- reply's integers.
-  fp = {}, fs = {}, fn = {}, fw = {}, fo = {},
+  -- state as loaded, decide's scratch, whether it is written.
+  fp = {}, fs = {}, fn = {}, fw = {},
+  -- The string counters' path (check.lua): g numbers the groups and calls
+  -- the calls; the tables by a key's first position. fo: the reply's
+  -- integers, of both paths.
+  g = 0, calls = 0, lpos = {}, npos = 0, lst = {}, lsc = {}, ltag = {}, lsb0 = {},
+  lspec = {}, lwnow = {}, lwcall = {}, ltouch = {}, lwrit = {}, fo = {},
 }

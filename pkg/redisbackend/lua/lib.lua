@@ -58,12 +58,12 @@ local function pack_some(t, i, j)
   return pack(f, unpack_list(t, i, j))
 end
 
--- pack_ints returns the integers of the array t as one string of
--- little-endian 64-bit integers. A script's reply as one string costs Redis
--- a small fraction of what an array of integers does (each element of an
--- array is converted and written on its own).
-local function pack_ints(t)
-  local n = #t
+-- pack_ints returns the integers t[1..n] (n defaults to #t) as one string
+-- of little-endian 64-bit integers. A script's reply as one string costs
+-- Redis a small fraction of what an array of integers does (each element of
+-- an array is converted and written on its own).
+local function pack_ints(t, n)
+  n = n or #t
   if n <= 512 then
     return pack_some(t, 1, n)
   end
