@@ -260,7 +260,7 @@ if not alt and #KEYS >= 1 and #KEYS <= lean_max then
         lean = false
         break
       end
-      local k = k0 + i
+      local m, w, k = p[1], p[2], k0 + i
       local key = KEYS[k]
       local j = k
       if scan then
@@ -292,7 +292,7 @@ if not alt and #KEYS >= 1 and #KEYS <= lean_max then
           s = {0, 0, 0, 0}
           lst[k] = s
         end
-        p[1].load(key, p[2], now, vals[k], s)
+        m.load(key, w, now, vals[k], s)
         lsb0[k], lspec[k] = s[1], p
       end
       local h = p[5]
@@ -305,7 +305,7 @@ if not alt and #KEYS >= 1 and #KEYS <= lean_max then
         into = {0, 0, 0, 0}
         lsc[j] = into
       end
-      local ok, rem, reset, retry = p[1].decide(s, now, p[2], p[3], p[4], c, h > 0, false, into)
+      local ok, rem, reset, retry = m.decide(s, now, w, p[3], p[4], c, h > 0, false, into)
       local x = o + 3 * i
       if ok then
         if h > 0 and (j == k or ltag[j] ~= g) then

@@ -25,7 +25,8 @@ function fixed_window.decide(s, now, w, l, cap, c, consume, no_retry, into)
     step = sb * w - now
     now = sb * w
   end
-  local b = floor(now / w) -- idiv(now, w)
+  local b = now / w -- idiv(now, w); x - x % 1 is floor(x) without a call
+  b = b - b % 1
   if b * w > now then
     b = b - 1
   elseif (b + 1) * w <= now then

@@ -105,7 +105,8 @@ function sliding_window.decide(s, now, w, l, cap, c, consume, no_retry, into)
     step = sb * w - now
     now = sb * w
   end
-  local b = floor(now / w) -- idiv(now, w)
+  local b = now / w -- idiv(now, w); x - x % 1 is floor(x) without a call
+  b = b - b % 1
   if b * w > now then
     b = b - 1
   elseif (b + 1) * w <= now then
@@ -122,7 +123,11 @@ function sliding_window.decide(s, now, w, l, cap, c, consume, no_retry, into)
   local pw = 0
   if prev ~= 0 then
     if prev * w < exact then
-      pw = ceil(prev * (w - (now - b * w)) / w)
+      local x = prev * (w - (now - b * w)) / w -- ceil, without a call
+      pw = x - x % 1
+      if pw < x then
+        pw = pw + 1
+      end
     else
       pw = prev - mul_div_floor(prev, now - b * w, w)
     end

@@ -99,8 +99,9 @@ function token_bucket.decide(s, now, w, l, cap, c, consume, no_retry, into)
   end
   local rem = 0
   if rel < tau then
-    local d = tau - rel -- rem = idiv(d, w)
-    rem = floor(d / w)
+    local d = tau - rel -- rem = idiv(d, w); x - x % 1 is floor(x) without a call
+    rem = d / w
+    rem = rem - rem % 1
     if rem * w > d then
       rem = rem - 1
     elseif (rem + 1) * w <= d then
@@ -109,7 +110,8 @@ function token_bucket.decide(s, now, w, l, cap, c, consume, no_retry, into)
   end
   local reset = 0
   if rel > 0 then -- reset = cdiv(rel, l)
-    reset = floor(rel / l)
+    reset = rel / l
+    reset = reset - reset % 1
     if reset * l > rel then
       reset = reset - 1
     elseif (reset + 1) * l <= rel then
