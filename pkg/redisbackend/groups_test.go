@@ -137,10 +137,10 @@ func TestFailedCallLeavesNoScratch(t *testing.T) {
 
 // TestKeyPositionsAcrossCalls: check.lua's string counters' path knows a
 // counter by the position of its first request in KEYS, found by scanning
-// KEYS in a call of up to eight keys and through a table kept across calls
-// (as a Function) above that, whose entries earlier calls leave behind. Calls
-// of ten and eleven keys in changing orders, a key repeated within a call,
-// each count on their own counters.
+// KEYS in a call of up to eight keys and above that through a table that
+// outlives the call (as a Function) and is emptied at the start of the next
+// call. Calls of ten and eleven keys in changing orders, a key repeated
+// within a call, each count on their own counters.
 func TestKeyPositionsAcrossCalls(t *testing.T) {
 	r := testenv.RedisServer(t)
 	b := newSingle(t, r, DefaultKeyPrefix, nil)
@@ -155,9 +155,8 @@ func TestKeyPositionsAcrossCalls(t *testing.T) {
 			// 1: every key once, in order. 2: reversed, the first key again at
 			// the end (its second request sees the first). 3: rotated by
 			// three, which puts the first key at position 8. 4: as 3, but the
-			// first key at position 2 too, where the table still says 8 from
-			// call 3 (an entry that names a later position of the same key
-			// is not the key's first request).
+			// first key at position 2 too (had the table kept call 3's
+			// entries, it would say 8).
 			reversed := slices.Clone(reqs)
 			slices.Reverse(reversed)
 			reversed = append(reversed, reqs[0])

@@ -53,6 +53,6 @@ local cs = {
   -- The string counters' path (check.lua): g numbers the groups and calls
   -- the calls; the tables by a key's first position. fo: the reply's
   -- integers, of both paths.
-  g = 0, calls = 0, lpos = {}, npos = 0, lst = {}, lsc = {}, ltag = {}, lsb0 = {},
+  g = 0, calls = 0, lst = {}, lsc = {}, ltag = {}, lsb0 = {},
   lspec = {}, lwnow = {}, lwcall = {}, ltouch = {}, lwrit = {}, fo = {},
 }

@@ -199,12 +199,8 @@ end
 -- last group.
 --
 -- A counter is known by the position j of its first request in KEYS, found
--- by scanning KEYS in a call of up to lean_scan keys and through lpos[key]
--- = j above that. lpos outlives the call as a Function and is never
--- emptied entry by entry (that would cost two table operations a key), so
--- an entry is taken only if it names an earlier position holding the same
--- key; once npos entries were added it is replaced, which bounds its
--- memory. By j: lst the state as committed so far, lsc the scratch decide
+-- by scanning KEYS in a call of up to lean_scan keys and through pos[key]
+-- = j above that. By j: lst the state as committed so far, lsc the scratch decide
 -- writes a tentative state into (a committing group swaps the two), ltag
 -- the group whose tentative state lsc[j] holds (groups are numbered across
 -- calls, cs.g, so the tag needs no reset), lsb0 the first integer of the
@@ -215,14 +211,24 @@ end
 -- consumed, lwrit those the call's groups committed. The last group is not
 -- committed but written from its scratch, at its clock fin.
 local lean_max = 1000 -- keys that one MGET reads (unpack's stack)
-local lean_pos_max = 4096 -- lpos's entries before it is replaced
-local lean_scan = 8 -- keys up to which scanning KEYS costs less than lpos
+local lean_scan = 8 -- keys up to which scanning KEYS costs less than pos
 if not alt and #KEYS >= 1 and #KEYS <= lean_max then
   local nk, na = #KEYS, #ARGV
-  local lpos, npos = cs.lpos, cs.npos
-  if npos > lean_pos_max then
-    lpos, npos = {}, 0
-    cs.lpos = lpos
+  -- pos and ckey are the general path's (cs.pos, cs.key), emptied the same
+  -- way: at the start of a call, of the keys the last call entered. cs.n
+  -- is set to nk at once, so a call that fails half-way leaves its keys to
+  -- the next call's emptying (an index beyond those entered names a key an
+  -- earlier call entered, whose entry is gone or goes now, or none).
+  local pos, ckey, nd = cs.pos, cs.key, 0
+  local scan = nk <= lean_scan
+  if not scan then
+    for j = 1, cs.n do
+      local key = ckey[j]
+      if key then
+        pos[key] = nil
+      end
+    end
+    cs.n = nk
   end
   local lst, lsc, ltag, lsb0 = cs.lst, cs.lsc, cs.ltag, cs.lsb0
   local lspec, lwnow, ltouch, lwrit, fo = cs.lspec, cs.lwnow, cs.ltouch, cs.lwrit, cs.fo
@@ -231,7 +237,6 @@ if not alt and #KEYS >= 1 and #KEYS <= lean_max then
   cs.calls = call
   local g, o, a, k0, nw, nt = cs.g, 0, 2, 0, 0, 0
   local lean, tnow, fin = true, nil, nil
-  local scan = nk <= lean_scan
   while a <= na do
     local n, now = tonum(ARGV[a]), nil
     if not n then
@@ -271,12 +276,13 @@ if not alt and #KEYS >= 1 and #KEYS <= lean_max then
           end
         end
       else
-        local f = lpos[key]
-        if f and f < k and KEYS[f] == key then
+        local f = pos[key]
+        if f then
           j = f
         else
-          lpos[key] = k
-          npos = npos + 1
+          pos[key] = k
+          nd = nd + 1
+          ckey[nd] = key
         end
       end
       local s
@@ -332,7 +338,7 @@ if not alt and #KEYS >= 1 and #KEYS <= lean_max then
       for i = 1, n do
         local p = specs[ARGV[a + i]] or parse_spec(ARGV[a + i])
         local key = KEYS[k0 + i]
-        local j = lpos[key]
+        local j = pos[key]
         if scan then
           for q = 1, k0 + i do
             if KEYS[q] == key then
@@ -370,7 +376,7 @@ if not alt and #KEYS >= 1 and #KEYS <= lean_max then
     a = a + 1 + n
     k0 = k0 + n
   end
-  cs.g, cs.npos = g, npos
+  cs.g = g
   if lean and k0 == nk then
     for y = 1, nw do
       local j = lwrit[y]
@@ -436,7 +442,10 @@ local kst, sst = cs.kst, cs.sst
 local nw = 0
 do
   for j = 1, cs.n do
-    pos[ckey[j]] = nil
+    local key = ckey[j]
+    if key then -- (the string counters' path may count more than it entered)
+      pos[key] = nil
+    end
   end
   local nd = 0
   for i = 1, #KEYS do
