@@ -218,3 +218,44 @@ func TestLastGroupWritesOnce(t *testing.T) {
 		t.Errorf("B holds %d hits, want 1", got)
 	}
 }
+
+// TestFailedCallLeavesNoTags: check.lua's string counters' path tags a
+// counter's tentative state with its group's number, numbered across calls.
+// A call that gives up after its first group (A twice, committed in the
+// call's scratch; then a malformed header, so the call fails) must not leave
+// a tag that a later call's group reads as its own: there, B's second
+// request, after a first that consumed nothing, decides on B's stored state,
+// not on the table the failed call left at the same position (A as stored,
+// 5 hits).
+func TestFailedCallLeavesNoTags(t *testing.T) {
+	r := testenv.RedisServer(t)
+	b := newSingle(t, r, DefaultKeyPrefix, nil)
+	ctx := context.Background()
+	lim := limiter.Limit{Requests: 10, Window: time.Hour}
+	a := limiter.Request{Key: key(t.Name(), "A"), Limit: lim, Hits: 1}
+	peek := limiter.Request{Key: key(t.Name(), "B"), Limit: lim, Hits: 0}
+	bb := limiter.Request{Key: key(t.Name(), "B"), Limit: lim, Hits: 1}
+
+	five := a
+	five.Hits = 5
+	if err := b.Check(ctx, []limiter.Request{five}, make([]limiter.Result, 1)); err != nil {
+		t.Fatalf("Check of A: %v", err)
+	}
+	var g group
+	g.encode(b, []limiter.Request{a, a}, nil)
+	argv := append(append([]string{}, g.argv...), "x") // a second group's header, malformed
+	if err := b.runCheck(ctx, &batch{}, g.keys, argv, b.flags[0]).Err(); err == nil || !strings.Contains(err.Error(), "malformed group header") {
+		t.Fatalf("malformed call: %v, want the script's malformed group header error", err)
+	}
+
+	res := make([]limiter.Result, 2)
+	if err := b.Check(ctx, []limiter.Request{peek, bb}, res); err != nil {
+		t.Fatalf("Check after the failed call: %v", err)
+	}
+	if res[0].Remaining != 10 || res[1].Remaining != 9 {
+		t.Errorf("B remaining %d, then %d; want 10 and 9 (B's own counter)", res[0].Remaining, res[1].Remaining)
+	}
+	if got := used(t, b, a); got != 5 {
+		t.Errorf("A holds %d hits, want 5 (the failed call wrote nothing)", got)
+	}
+}

@@ -233,9 +233,12 @@ if not alt and #KEYS >= 1 and #KEYS <= lean_max then
   local lst, lsc, ltag, lsb0 = cs.lst, cs.lsc, cs.ltag, cs.lsb0
   local lspec, lwnow, ltouch, lwrit, fo = cs.lspec, cs.lwnow, cs.ltouch, cs.lwrit, cs.fo
   local vals = rcall('MGET', unpack_list(KEYS))
-  local lwcall, call = cs.lwcall, cs.calls + 1
-  cs.calls = call
-  local g, o, a, k0, nw, nt = cs.g, 0, 2, 0, 0, 0
+  -- The call's number and its groups' are taken before anything else can
+  -- fail: a call that fails half-way leaves tags no later call reads as
+  -- its own (a call has fewer groups than ARGV entries).
+  local lwcall, call, g = cs.lwcall, cs.calls + 1, cs.g
+  cs.calls, cs.g = call, g + na
+  local o, a, k0, nw, nt = 0, 2, 0, 0, 0
   local lean, tnow, fin = true, nil, nil
   while a <= na do
     local n, now = tonum(ARGV[a]), nil
@@ -338,7 +341,7 @@ if not alt and #KEYS >= 1 and #KEYS <= lean_max then
       for i = 1, n do
         local p = specs[ARGV[a + i]] or parse_spec(ARGV[a + i])
         local key = KEYS[k0 + i]
-        local j = pos[key]
+        local j
         if scan then
           for q = 1, k0 + i do
             if KEYS[q] == key then
@@ -346,6 +349,8 @@ if not alt and #KEYS >= 1 and #KEYS <= lean_max then
               break
             end
           end
+        else
+          j = pos[key]
         end
         local _, rem, reset = p[1].decide(lst[j], now, p[2], p[3], p[4], 1, false, true)
         local x = o + 3 * i
@@ -376,7 +381,6 @@ if not alt and #KEYS >= 1 and #KEYS <= lean_max then
     a = a + 1 + n
     k0 = k0 + n
   end
-  cs.g = g
   if lean and k0 == nk then
     for y = 1, nw do
       local j = lwrit[y]
