@@ -122,9 +122,7 @@ func TestFailedCallLeavesNoScratch(t *testing.T) {
 	g.encode(b, []limiter.Request{a}, nil)
 	keys := append(append([]string{}, g.keys...), g.keys...)
 	argv := append(append([]string{}, g.argv...), "1", "9 1 1 1 1 0") // algorithm 9: malformed
-	if err := b.runCheck(ctx, &batch{}, keys, argv, b.flags[0]).Err(); err == nil || !strings.Contains(err.Error(), "malformed request spec") {
-		t.Fatalf("malformed call: %v, want the script's malformed request spec error", err)
-	}
+	mustFail(t, b, keys, argv, "malformed request spec")
 
 	res := make([]limiter.Result, 2)
 	if err := b.Check(ctx, []limiter.Request{c, a}, res); err != nil {
@@ -244,9 +242,7 @@ func TestFailedCallLeavesNoTags(t *testing.T) {
 	var g group
 	g.encode(b, []limiter.Request{a, a}, nil)
 	argv := append(append([]string{}, g.argv...), "x") // a second group's header, malformed
-	if err := b.runCheck(ctx, &batch{}, g.keys, argv, b.flags[0]).Err(); err == nil || !strings.Contains(err.Error(), "malformed group header") {
-		t.Fatalf("malformed call: %v, want the script's malformed group header error", err)
-	}
+	mustFail(t, b, g.keys, argv, "malformed group header")
 
 	res := make([]limiter.Result, 2)
 	if err := b.Check(ctx, []limiter.Request{peek, bb}, res); err != nil {
@@ -257,5 +253,14 @@ func TestFailedCallLeavesNoTags(t *testing.T) {
 	}
 	if got := used(t, b, a); got != 5 {
 		t.Errorf("A holds %d hits, want 5 (the failed call wrote nothing)", got)
+	}
+}
+
+// mustFail sends one call of check.lua with keys and argv, which must fail
+// with the script's error naming want.
+func mustFail(t *testing.T, b *Backend, keys, argv []string, want string) {
+	t.Helper()
+	if err := b.runCheck(context.Background(), &batch{}, keys, argv, b.flags[0]).Err(); err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("malformed call: %v, want the script's %s error", err, want)
 	}
 }
