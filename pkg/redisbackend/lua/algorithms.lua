@@ -16,8 +16,9 @@ local specs, spec_count, spec_cache_max = {}, 0, 4096
 
 -- parse_spec returns the parsed request spec "<alg> <window_ms> <limit>
 -- <capacity> <hits> <shadow>" as {module, window, limit, capacity, hits,
--- shadow, string_state (the module's, looked up once)}, or nil if it is malformed or names an unknown algorithm. The table
--- is shared: callers must not modify it.
+-- shadow, string_state (the module's, looked up once)}, or nil if it is
+-- malformed or names an unknown algorithm. The table is shared: callers must
+-- not modify it.
 local function parse_spec(text)
   local p = specs[text]
   if p then
@@ -50,9 +51,9 @@ local cs = {
   -- The lone group's path (check.lua): by position, the parsed spec, the
   -- state as loaded, decide's scratch, whether it is written.
   fp = {}, fs = {}, fn = {}, fw = {},
-  -- The string counters' path (check.lua): g numbers the groups and calls
-  -- the calls; the tables by a key's first position. fo: the reply's
-  -- integers, of both paths.
+  -- The string counters' path (check.lua): the last numbers given to a
+  -- group (g) and to a call (calls), then the tables by a key's first
+  -- position and the lists. fo: the reply's integers, of both paths.
   g = 0, calls = 0, lst = {}, lsc = {}, ltag = {}, lsb0 = {},
   lspec = {}, lwnow = {}, lwcall = {}, ltouch = {}, lwrit = {}, fo = {},
 }

@@ -200,8 +200,8 @@ end
 --
 -- A counter is known by the position j of its first request in KEYS, found
 -- by scanning KEYS in a call of up to lean_scan keys and through pos[key]
--- = j above that. By j: lst the state as committed so far, lsc the scratch decide
--- writes a tentative state into (a committing group swaps the two), ltag
+-- = j above that. By j: lst the state as committed so far, lsc the scratch
+-- decide writes a tentative state into (a committing group swaps the two), ltag
 -- the group whose tentative state lsc[j] holds (groups are numbered across
 -- calls, cs.g, so the tag needs no reset), lsb0 the first integer of the
 -- state as stored (store keeps a window's expiry within its bucket), lspec
