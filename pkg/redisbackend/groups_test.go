@@ -33,19 +33,8 @@ func TestGroupsOfOneCall(t *testing.T) {
 			a := limiter.Request{Key: key(t.Name(), "A"), Limit: lim, Hits: 1}
 			bb := limiter.Request{Key: key(t.Name(), "B"), Limit: lim, Hits: 1}
 			groups := [][]limiter.Request{{a}, {a}, {a, bb}, {bb, bb}}
-			var keys, argv []string
-			for _, reqs := range groups {
-				var g group
-				g.encode(b, reqs, nil)
-				keys = append(keys, g.keys...)
-				argv = append(argv, g.argv...)
-			}
-			before := r.CommandCalls(t)
-			v, err := b.runCheck(ctx, &batch{}, keys, argv, b.flags[0]).Result()
-			if err != nil {
-				t.Fatalf("check: %v", err)
-			}
-			after := r.CommandCalls(t)
+			keys, argv := encodeGroups(b, groups...)
+			v, calls := runCounted(t, r, b, keys, argv)
 
 			want := []struct {
 				committed bool
@@ -84,10 +73,10 @@ func TestGroupsOfOneCall(t *testing.T) {
 				t.Errorf("%d bytes of reply left over", len(v))
 			}
 
-			if n := after["mget"] - before["mget"]; n != 1 {
+			if n := calls["mget"]; n != 1 {
 				t.Errorf("%d MGETs in one call, want 1", n)
 			}
-			if n := after["set"] - before["set"]; n != 2 {
+			if n := calls["set"]; n != 2 {
 				t.Errorf("%d SETs in one call, want 2 (one per counter)", n)
 			}
 			for _, k := range []string{keys[0], keys[2]} { // A, B
@@ -118,10 +107,8 @@ func TestFailedCallLeavesNoScratch(t *testing.T) {
 	a := limiter.Request{Key: key(t.Name(), "A"), Limit: lim, Hits: 3}
 	c := limiter.Request{Key: key(t.Name(), "C"), Limit: lim, Hits: 1}
 
-	var g group
-	g.encode(b, []limiter.Request{a}, nil)
-	keys := append(append([]string{}, g.keys...), g.keys...)
-	argv := append(append([]string{}, g.argv...), "1", "9 1 1 1 1 0") // algorithm 9: malformed
+	keys, argv := encodeGroups(b, []limiter.Request{a}, []limiter.Request{a})
+	argv[len(argv)-1] = "9 1 1 1 1 0" // the second group's spec: algorithm 9, malformed
 	mustFail(t, b, keys, argv, "malformed request spec")
 
 	res := make([]limiter.Result, 2)
@@ -190,24 +177,12 @@ func TestKeyPositionsAcrossCalls(t *testing.T) {
 func TestLastGroupWritesOnce(t *testing.T) {
 	r := testenv.RedisServer(t)
 	b := newSingle(t, r, DefaultKeyPrefix, nil)
-	ctx := context.Background()
 	lim := limiter.Limit{Requests: 5, Window: time.Hour}
 	a := limiter.Request{Key: key(t.Name(), "A"), Limit: lim, Hits: 1}
 	bb := limiter.Request{Key: key(t.Name(), "B"), Limit: lim, Hits: 1}
-	var keys, argv []string
-	for _, reqs := range [][]limiter.Request{{a}, {a, bb}, {a}} {
-		var g group
-		g.encode(b, reqs, nil)
-		keys = append(keys, g.keys...)
-		argv = append(argv, g.argv...)
-	}
-	before := r.CommandCalls(t)
-	if err := b.runCheck(ctx, &batch{}, keys, argv, b.flags[0]).Err(); err != nil {
-		t.Fatalf("check: %v", err)
-	}
-	after := r.CommandCalls(t)
-	if n := after["set"] - before["set"]; n != 2 {
-		t.Errorf("%d SETs in one call, want 2 (one per counter)", n)
+	keys, argv := encodeGroups(b, []limiter.Request{a}, []limiter.Request{a, bb}, []limiter.Request{a})
+	if _, calls := runCounted(t, r, b, keys, argv); calls["set"] != 2 {
+		t.Errorf("%d SETs in one call, want 2 (one per counter)", calls["set"])
 	}
 	if got := used(t, b, a); got != 3 {
 		t.Errorf("A holds %d hits, want 3", got)
@@ -239,10 +214,8 @@ func TestFailedCallLeavesNoTags(t *testing.T) {
 	if err := b.Check(ctx, []limiter.Request{five}, make([]limiter.Result, 1)); err != nil {
 		t.Fatalf("Check of A: %v", err)
 	}
-	var g group
-	g.encode(b, []limiter.Request{a, a}, nil)
-	argv := append(append([]string{}, g.argv...), "x") // a second group's header, malformed
-	mustFail(t, b, g.keys, argv, "malformed group header")
+	keys, argv := encodeGroups(b, []limiter.Request{a, a})
+	mustFail(t, b, keys, append(argv, "x"), "malformed group header") // a second group's header, malformed
 
 	res := make([]limiter.Result, 2)
 	if err := b.Check(ctx, []limiter.Request{peek, bb}, res); err != nil {
@@ -254,6 +227,36 @@ func TestFailedCallLeavesNoTags(t *testing.T) {
 	if got := used(t, b, a); got != 5 {
 		t.Errorf("A holds %d hits, want 5 (the failed call wrote nothing)", got)
 	}
+}
+
+// encodeGroups returns the KEYS and the ARGV (without ARGV[1], the flags)
+// of one call of check.lua carrying groups, each the Check of its requests,
+// as the coalescer builds them.
+func encodeGroups(b *Backend, groups ...[]limiter.Request) (keys, argv []string) {
+	for _, reqs := range groups {
+		var g group
+		g.encode(b, reqs, nil)
+		keys = append(keys, g.keys...)
+		argv = append(argv, g.argv...)
+	}
+	return keys, argv
+}
+
+// runCounted sends one call of check.lua with keys and argv, which must
+// succeed, and returns its reply and the commands Redis ran for it, by name
+// (INFO commandstats before and after).
+func runCounted(t *testing.T, r *testenv.Redis, b *Backend, keys, argv []string) (string, map[string]int64) {
+	t.Helper()
+	before := r.CommandCalls(t)
+	v, err := b.runCheck(context.Background(), &batch{}, keys, argv, b.flags[0]).Result()
+	if err != nil {
+		t.Fatalf("check: %v", err)
+	}
+	calls := r.CommandCalls(t)
+	for name := range calls {
+		calls[name] -= before[name]
+	}
+	return v, calls
 }
 
 // mustFail sends one call of check.lua with keys and argv, which must fail
