@@ -22,10 +22,13 @@ import (
 // encoded with unpadded base64url (22 characters of [A-Za-z0-9_-]). Its value
 // depends on the algorithm (see the header of each lua/ file):
 //
-//	sliding_window   string "<bucket> <count> <count of the bucket before>"
-//	fixed_window     string "<bucket> <count> 0"
-//	token_bucket     string "<at> <debt> <per>"
+//	sliding_window   24-byte string: bucket, count, count of the bucket before
+//	fixed_window     24-byte string: bucket, count, 0
+//	token_bucket     24-byte string: at, debt, per
 //	sliding_log      sorted set of batches of hits, a running total in each
+//
+// (the strings are three little-endian 64-bit integers: state_format in
+// lua/lib.lua).
 //
 // One key per counter keeps Redis memory at one small string per active
 // client and limit, lets the check read every counter of a request with one

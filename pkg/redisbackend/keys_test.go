@@ -152,3 +152,71 @@ func TestScanShowsOnlyDocumentedKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestRewriteInBucketKeepsExpiry: a window counter written again in its
+// bucket is overwritten in place (SETRANGE) and keeps the expiry its
+// bucket's first write gave it, to the millisecond; a write in a new bucket
+// writes the key whole (SET PX) with a later expiry.
+func TestRewriteInBucketKeepsExpiry(t *testing.T) {
+	r := testenv.RedisServer(t)
+	c := r.Client()
+	ctx := context.Background()
+	w := time.Minute
+	start := time.UnixMilli(1_767_225_600_000 / w.Milliseconds() * w.Milliseconds()) // a bucket's start
+	clock := start.Add(10 * time.Second)
+	b := newSingle(t, r, DefaultKeyPrefix, func() time.Time { return clock })
+	for _, alg := range []limiter.Algorithm{limiter.SlidingWindow, limiter.FixedWindow} {
+		t.Run(alg.String(), func(t *testing.T) {
+			req := limiter.Request{Key: key(t.Name()), Limit: limiter.Limit{Algorithm: alg, Requests: 10, Window: w}, Hits: 1}
+			k := baseKey(DefaultKeyPrefix, req)
+			// check admits req at at and returns the commands the call ran, the
+			// stored state and the key's expiry (Unix ms).
+			check := func(at time.Time) (map[string]int64, [3]int64, int64) {
+				t.Helper()
+				clock = at
+				before := r.CommandCalls(t)
+				res := make([]limiter.Result, 1)
+				if err := b.Check(ctx, []limiter.Request{req}, res); err != nil || !res[0].Allowed {
+					t.Fatalf("Check at %v: %+v, %v; want admitted", at, res[0], err)
+				}
+				calls := r.CommandCalls(t)
+				for name := range calls {
+					calls[name] -= before[name]
+				}
+				v, err := c.Get(ctx, k).Result()
+				if err != nil {
+					t.Fatalf("GET: %v", err)
+				}
+				st, ok := storedState(v)
+				if !ok {
+					t.Fatalf("stored value %q: want a counter's 24 bytes", v)
+				}
+				exp, err := c.PExpireTime(ctx, k).Result()
+				if err != nil || exp <= 0 {
+					t.Fatalf("PEXPIRETIME %v, %v; want an expiry", exp, err)
+				}
+				return calls, st, exp.Milliseconds()
+			}
+			bucket := start.UnixMilli() / w.Milliseconds()
+
+			calls, st, first := check(start.Add(10 * time.Second))
+			if calls["set"] != 1 || calls["setrange"] != 0 || st != [3]int64{bucket, 1, 0} {
+				t.Errorf("new counter: %d SET, %d SETRANGE, state %v; want 1 SET, state {%d 1 0}", calls["set"], calls["setrange"], st, bucket)
+			}
+			calls, st, again := check(start.Add(50 * time.Second))
+			if calls["set"] != 0 || calls["setrange"] != 1 || st != [3]int64{bucket, 2, 0} {
+				t.Errorf("in its bucket: %d SET, %d SETRANGE, state %v; want 1 SETRANGE, state {%d 2 0}", calls["set"], calls["setrange"], st, bucket)
+			}
+			if again != first {
+				t.Errorf("in its bucket the key's expiry moved from %d to %d, want it kept", first, again)
+			}
+			calls, st, next := check(start.Add(w + time.Second))
+			if calls["set"] != 1 || calls["setrange"] != 0 || st[0] != bucket+1 || st[1] != 1 {
+				t.Errorf("next bucket: %d SET, %d SETRANGE, state %v; want 1 SET, bucket %d with 1 hit", calls["set"], calls["setrange"], st, bucket+1)
+			}
+			if next <= first {
+				t.Errorf("next bucket: expiry %d, want later than the first bucket's %d", next, first)
+			}
+		})
+	}
+}

@@ -114,7 +114,7 @@ func testOneRoundTripPerCheck(t *testing.T, verb string) {
 	if stats["mget"] != int64(n) {
 		t.Errorf("server ran MGET %d times for %d Checks, want one per script (every counter read at once)", stats["mget"], n)
 	}
-	inScript := map[string]bool{"time": true, "mget": true, "set": true}
+	inScript := map[string]bool{"time": true, "mget": true, "set": true, "setrange": true}
 	observed := map[string]bool{"info": true, "config|resetstat": true}
 	for cmd, calls := range stats {
 		if cmd != verb && !inScript[cmd] && !observed[cmd] {

@@ -221,14 +221,24 @@ end
 -- windowed_store returns the store of a window counter whose key expires
 -- lifetime windows after its bucket starts, at (b+lifetime)·W:
 -- store(key, w, s, ob, now) writes the state s = {b, n, n2} decided at now
--- over a stored state of bucket ob. When ob is b the key exists and already
--- expires then, and keeps its expiry (KEEPTTL is about a third of the cost
--- of PX). pack_state and px are written out (see load_windowed).
+-- over a stored state of bucket ob. When ob is b the key exists, holds 24
+-- bytes (load_windowed accepts nothing else) and already expires then: the
+-- new state overwrites those bytes in place with SETRANGE, which leaves the
+-- expiry as it is. That costs Redis 1,300 (a Check alone) to 2,200 (in
+-- calls of 10) instructions per write fewer than SET ... KEEPTTL: its
+-- integer reply reaches Lua as a number where SET's status becomes a table,
+-- it parses no option, and it reuses the value's allocation
+-- (docs/performance.md, "SETRANGE in place"). The offset is the string '0':
+-- a Lua number would be formatted at every call, which costs more than the
+-- saving. A key that does not hold its bucket's state (new, expired, of an
+-- earlier bucket, foreign) is written whole with its expiry (SET PX):
+-- SETRANGE would create a missing key without one. pack_state and px are
+-- written out (see load_windowed).
 local function windowed_store(lifetime)
   return function(key, w, s, ob, now)
     local b = s[1]
     if ob == b then
-      rcall('SET', key, pack(state_format, b, s[2], s[3]), 'KEEPTTL')
+      rcall('SETRANGE', key, '0', pack(state_format, b, s[2], s[3]))
     else
       rcall('SET', key, pack(state_format, b, s[2], s[3]), 'PX', format('%d', (b + lifetime) * w - now + ttl_slack))
     end
