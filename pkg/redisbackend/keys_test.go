@@ -154,68 +154,68 @@ func TestScanShowsOnlyDocumentedKeys(t *testing.T) {
 }
 
 // TestRewriteInBucketKeepsExpiry: a window counter written again in its
-// bucket is overwritten in place (SETRANGE) and keeps the expiry its
-// bucket's first write gave it, to the millisecond; a write in a new bucket
-// writes the key whole (SET PX) with a later expiry.
+// bucket gets its new count written in place (SETRANGE of the count's 8
+// bytes: the bucket and the count before it are the stored ones) and keeps
+// the expiry its bucket's first write gave it, to the millisecond; a new
+// counter and a write in a new bucket write the key whole (SET PX), with a
+// later expiry.
 func TestRewriteInBucketKeepsExpiry(t *testing.T) {
 	r := testenv.RedisServer(t)
 	c := r.Client()
 	ctx := context.Background()
 	w := time.Minute
 	start := time.UnixMilli(1_767_225_600_000 / w.Milliseconds() * w.Milliseconds()) // a bucket's start
-	clock := start.Add(10 * time.Second)
+	clock := start
 	b := newSingle(t, r, DefaultKeyPrefix, func() time.Time { return clock })
+	bucket := start.UnixMilli() / w.Milliseconds()
 	for _, alg := range []limiter.Algorithm{limiter.SlidingWindow, limiter.FixedWindow} {
 		t.Run(alg.String(), func(t *testing.T) {
 			req := limiter.Request{Key: key(t.Name()), Limit: limiter.Limit{Algorithm: alg, Requests: 10, Window: w}, Hits: 1}
 			k := baseKey(DefaultKeyPrefix, req)
-			// check admits req at at and returns the commands the call ran, the
-			// stored state and the key's expiry (Unix ms).
-			check := func(at time.Time) (map[string]int64, [3]int64, int64) {
+			// check admits req at at with hits, checks the commands the call ran
+			// to write the counter and the state stored, and returns the key's
+			// expiry (Unix ms).
+			check := func(step string, at time.Time, hits uint64, set, setrange int64, want [3]int64) int64 {
 				t.Helper()
-				clock = at
+				clock, req.Hits = at, hits
 				before := r.CommandCalls(t)
 				res := make([]limiter.Result, 1)
 				if err := b.Check(ctx, []limiter.Request{req}, res); err != nil || !res[0].Allowed {
-					t.Fatalf("Check at %v: %+v, %v; want admitted", at, res[0], err)
+					t.Fatalf("%s: %+v, %v; want admitted", step, res[0], err)
 				}
 				calls := r.CommandCalls(t)
-				for name := range calls {
-					calls[name] -= before[name]
+				if n, m := calls["set"]-before["set"], calls["setrange"]-before["setrange"]; n != set || m != setrange {
+					t.Errorf("%s: %d SET, %d SETRANGE; want %d and %d", step, n, m, set, setrange)
 				}
 				v, err := c.Get(ctx, k).Result()
 				if err != nil {
-					t.Fatalf("GET: %v", err)
+					t.Fatalf("%s: GET: %v", step, err)
 				}
-				st, ok := storedState(v)
-				if !ok {
-					t.Fatalf("stored value %q: want a counter's 24 bytes", v)
+				if st, ok := storedState(v); !ok || st != want {
+					t.Errorf("%s: stored %v (%d bytes), want %v", step, st, len(v), want)
 				}
 				exp, err := c.PExpireTime(ctx, k).Result()
 				if err != nil || exp <= 0 {
-					t.Fatalf("PEXPIRETIME %v, %v; want an expiry", exp, err)
+					t.Fatalf("%s: PEXPIRETIME %v, %v; want an expiry", step, exp, err)
 				}
-				return calls, st, exp.Milliseconds()
+				return exp.Milliseconds()
 			}
-			bucket := start.UnixMilli() / w.Milliseconds()
-
-			calls, st, first := check(start.Add(10 * time.Second))
-			if calls["set"] != 1 || calls["setrange"] != 0 || st != [3]int64{bucket, 1, 0} {
-				t.Errorf("new counter: %d SET, %d SETRANGE, state %v; want 1 SET, state {%d 1 0}", calls["set"], calls["setrange"], st, bucket)
+			// prev is what the state carries of the bucket before's n hits: the
+			// sliding window keeps them, the fixed window writes 0.
+			prev := func(n int64) int64 {
+				if alg == limiter.SlidingWindow {
+					return n
+				}
+				return 0
 			}
-			calls, st, again := check(start.Add(50 * time.Second))
-			if calls["set"] != 0 || calls["setrange"] != 1 || st != [3]int64{bucket, 2, 0} {
-				t.Errorf("in its bucket: %d SET, %d SETRANGE, state %v; want 1 SETRANGE, state {%d 2 0}", calls["set"], calls["setrange"], st, bucket)
-			}
+			check("new counter", start.Add(-w+time.Second), 3, 1, 0, [3]int64{bucket - 1, 3, 0})
+			first := check("next bucket", start.Add(10*time.Second), 1, 1, 0, [3]int64{bucket, 1, prev(3)})
+			again := check("same bucket", start.Add(50*time.Second), 2, 0, 1, [3]int64{bucket, 3, prev(3)})
 			if again != first {
 				t.Errorf("in its bucket the key's expiry moved from %d to %d, want it kept", first, again)
 			}
-			calls, st, next := check(start.Add(w + time.Second))
-			if calls["set"] != 1 || calls["setrange"] != 0 || st[0] != bucket+1 || st[1] != 1 {
-				t.Errorf("next bucket: %d SET, %d SETRANGE, state %v; want 1 SET, bucket %d with 1 hit", calls["set"], calls["setrange"], st, bucket+1)
-			}
-			if next <= first {
-				t.Errorf("next bucket: expiry %d, want later than the first bucket's %d", next, first)
+			if next := check("bucket after", start.Add(w+time.Second), 1, 1, 0, [3]int64{bucket + 1, 1, prev(3)}); next <= first {
+				t.Errorf("bucket after: expiry %d, want later than %d", next, first)
 			}
 		})
 	}

@@ -95,7 +95,9 @@ sliding_window.load = load_windowed
 -- and consumed, the new state, written into into (which may be s: s is read
 -- in full before into is written). idiv and sw_weight are written out
 -- (see load_windowed in lib.lua). With no_retry (figures whose retry the
--- caller drops) a denial's retry is not searched.
+-- caller drops) a denial's retry is not searched. A state it returns in
+-- the bucket of s carries s's bucket and count of the bucket before
+-- unchanged, which windowed_store relies on to write only the count.
 function sliding_window.decide(s, now, w, l, cap, c, consume, no_retry, into)
   local sb, step = s[1], 0
   if sb * w > now then
