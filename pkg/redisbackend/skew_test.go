@@ -72,3 +72,70 @@ func TestInjectedSkewedClocks(t *testing.T) {
 		t.Errorf("the instance behind: %+v, want a denial with a Reset beyond one window", res[0])
 	}
 }
+
+// TestRedisClockToTheMillisecond: on Redis TIME every path of check.lua (a
+// Check alone, a call of several Checks, a call with a sliding log) decides
+// at Redis's clock in whole milliseconds, sec·1000 + floor(usec/1000): the
+// reply's now lies between Redis TIME read before and after the call, and a
+// fixed window's now + reset is its bucket's end exactly (a now with a
+// fraction of a millisecond would leave the packed reset a millisecond
+// short).
+func TestRedisClockToTheMillisecond(t *testing.T) {
+	r := testenv.RedisServer(t)
+	b := newSingle(t, r, DefaultKeyPrefix, nil)
+	ctx := context.Background()
+	w := time.Minute
+	fixed := func(name string) limiter.Request {
+		return limiter.Request{Key: key(t.Name(), name), Limit: limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 1_000_000, Window: w}, Hits: 1}
+	}
+	log := limiter.Request{Key: key(t.Name(), "log"), Limit: limiter.Limit{Algorithm: limiter.SlidingLog, Requests: 1000, Window: w}, Hits: 1}
+	redisMs := func() int64 {
+		t.Helper()
+		tm, err := r.Client().Time(ctx).Result()
+		if err != nil {
+			t.Fatalf("TIME: %v", err)
+		}
+		return tm.UnixMicro() / 1000
+	}
+	for name, groups := range map[string][][]limiter.Request{
+		"alone":              {{fixed("A"), fixed("B")}},
+		"several Checks":     {{fixed("A")}, {fixed("A"), fixed("B")}},
+		"with a sliding log": {{fixed("A"), log}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			keys, argv := encodeGroups(b, groups...)
+			// A call whose usec is a whole number of ms (one in a thousand)
+			// would not show a fraction: twenty calls.
+			for range 20 {
+				before := redisMs()
+				v, err := b.runCheck(ctx, &batch{}, keys, argv, b.flags[0]).Result()
+				if err != nil {
+					t.Fatalf("check: %v", err)
+				}
+				after := redisMs()
+				for i, reqs := range groups {
+					k := replyLen(len(reqs), false)
+					if len(v) < k {
+						t.Fatalf("reply too short at group %d", i+1)
+					}
+					res := make([]limiter.Result, len(reqs))
+					now, _, err := decodeReply(v[:k], nil, res, nil)
+					v = v[k:]
+					if err != nil {
+						t.Fatalf("group %d: %v", i+1, err)
+					}
+					if now < before || now > after {
+						t.Errorf("group %d decided at %d, want within Redis TIME [%d, %d]", i+1, now, before, after)
+					}
+					for j, x := range res {
+						if reqs[j].Limit.Algorithm == limiter.FixedWindow {
+							if end := now + x.ResetAfter.Milliseconds(); end%w.Milliseconds() != 0 {
+								t.Errorf("group %d request %d: now %d + reset %v = %d, want its bucket's end", i+1, j+1, now, x.ResetAfter, end)
+							}
+						}
+					}
+				}
+			}
+		})
+	}
+}

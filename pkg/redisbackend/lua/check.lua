@@ -121,8 +121,7 @@ if not alt and #ARGV == #KEYS + 2 and #KEYS <= lone_max then
   if lone then
     local vals = rcall('MGET', unpack_list(KEYS))
     if not now then
-      local t = rcall('TIME')
-      now = tonum(t[1]) * 1000 + floor(tonum(t[2]) / 1000)
+      now = time_ms()
     end
     local veto = false
     for i = 1, n do
@@ -252,8 +251,7 @@ if not alt and #KEYS >= 1 and #KEYS <= lean_max then
     end
     if not now then
       if not tnow then
-        local t = rcall('TIME')
-        tnow = tonum(t[1]) * 1000 + floor(tonum(t[2]) / 1000)
+        tnow = time_ms()
       end
       now = tnow
     end
@@ -488,8 +486,7 @@ while a <= #ARGV do
   end
   if now == '' then
     if not time_now then
-      local t = rcall('TIME')
-      time_now = tonum(t[1]) * 1000 + floor(tonum(t[2]) / 1000)
+      time_now = time_ms()
     end
     now = time_now
   end
