@@ -418,9 +418,10 @@ type figures struct {
 }
 
 // group is one batch of requests encoded for check.lua: its keys, and its
-// ARGV entries (the header "<n>" or "<n> <now>", then n specs). All of them
-// are substrings of one string, allocated once per group; the slices are
-// reused.
+// ARGV entry "<n>;<spec>;...;<spec>" (or "<n> <now>;..." with an injected
+// clock), the group's text that check.lua parses once and caches. All of
+// them are substrings of one string, allocated once per group; the slices
+// are reused.
 type group struct {
 	buf  []byte
 	offs []int
@@ -436,30 +437,27 @@ func (g *group) encode(b *Backend, reqs []limiter.Request, idx []int) {
 		n = len(idx)
 	}
 	buf, offs := g.buf[:0], g.offs[:0]
-	// Layout of buf: the header, then every key, then every spec.
+	// Layout of buf: every key, then the group's text.
+	offs = append(offs, 0)
+	for j := 0; j < n; j++ {
+		buf = appendBaseKey(buf, b.prefix, &reqs[at(idx, j)])
+		offs = append(offs, len(buf))
+	}
 	buf = strconv.AppendInt(buf, int64(n), 10)
 	if b.now != nil {
 		buf = append(buf, ' ')
 		buf = strconv.AppendInt(buf, b.now().UnixMilli(), 10)
 	}
-	offs = append(offs, len(buf))
 	for j := 0; j < n; j++ {
-		buf = appendBaseKey(buf, b.prefix, &reqs[at(idx, j)])
-		offs = append(offs, len(buf))
-	}
-	for j := 0; j < n; j++ {
+		buf = append(buf, ';')
 		buf = appendSpec(buf, &reqs[at(idx, j)])
-		offs = append(offs, len(buf))
 	}
 	s := string(buf)
-	keys, argv := g.keys[:0], g.argv[:0]
+	keys := g.keys[:0]
 	for j := 0; j < n; j++ {
 		keys = append(keys, s[offs[j]:offs[j+1]])
 	}
-	argv = append(argv, s[:offs[0]])
-	for j := 0; j < n; j++ {
-		argv = append(argv, s[offs[n+j]:offs[n+j+1]])
-	}
+	argv := append(g.argv[:0], s[offs[n]:])
 	g.buf, g.offs, g.keys, g.argv = buf, offs, keys, argv
 }
 

@@ -238,7 +238,7 @@ func logMix(hits uint64) func(i int) []limiter.Request {
 
 // mixCalls loads the library into be's server and returns calls check
 // calls, as the coalescer sends them: FCALL <fn> <numkeys> <keys> "0 0",
-// then per Check the number of its requests and their specs, the Checks of
+// then per Check its group's text (group.encode), the Checks of
 // mix on indexes drawn from [0, indexes), perCall Checks per call, in a
 // fixed pseudo-random order.
 func mixCalls(b *testing.B, be *Backend, mix func(i int) []limiter.Request, perCall, calls, indexes int) [][]any {
@@ -256,11 +256,13 @@ func mixCalls(b *testing.B, be *Backend, mix func(i int) []limiter.Request, perC
 		var keys []any
 		argv := []any{"0 0"}
 		for range perCall {
-			reqs := mix(rng.IntN(indexes))
-			argv = append(argv, strconv.Itoa(len(reqs)))
-			for i := range reqs {
-				keys = append(keys, baseKey(DefaultKeyPrefix, reqs[i]))
-				argv = append(argv, string(appendSpec(nil, &reqs[i])))
+			var g group
+			g.encode(be, mix(rng.IntN(indexes)), nil)
+			for _, k := range g.keys {
+				keys = append(keys, k)
+			}
+			for _, a := range g.argv {
+				argv = append(argv, a)
 			}
 		}
 		cmds[c] = append(append([]any{"fcall", be.scripts.checkFn, len(keys)}, keys...), argv...)

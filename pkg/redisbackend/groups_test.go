@@ -108,7 +108,7 @@ func TestFailedCallLeavesNoScratch(t *testing.T) {
 	c := limiter.Request{Key: key(t.Name(), "C"), Limit: lim, Hits: 1}
 
 	keys, argv := encodeGroups(b, []limiter.Request{a}, []limiter.Request{a})
-	argv[len(argv)-1] = "9 1 1 1 1 0" // the second group's spec: algorithm 9, malformed
+	argv[len(argv)-1] = "1;9 1 1 1 1 0" // the second group: its spec of algorithm 9, malformed
 	mustFail(t, b, keys, argv, "malformed request spec")
 
 	res := make([]limiter.Result, 2)
@@ -265,5 +265,39 @@ func mustFail(t *testing.T, b *Backend, keys, argv []string, want string) {
 	t.Helper()
 	if err := b.runCheck(context.Background(), &batch{}, keys, argv, b.flags[0]).Err(); err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("malformed call: %v, want the script's %s error", err, want)
+	}
+}
+
+// TestMalformedGroups: a group's text that does not parse fails the call
+// with an error naming what is malformed, whichever of check.lua's paths
+// the call would take, and the group's counter is not written.
+func TestMalformedGroups(t *testing.T) {
+	r := testenv.RedisServer(t)
+	b := newSingle(t, r, DefaultKeyPrefix, nil)
+	req := limiter.Request{Key: key(t.Name()), Limit: limiter.Limit{Requests: 10, Window: time.Minute}, Hits: 1}
+	keys, argv := encodeGroups(b, []limiter.Request{req})
+	spec := string(appendSpec(nil, &req))
+	for text, want := range map[string]string{
+		"x":                      "malformed group header",
+		"1 " + spec:              "malformed group header", // no ';' before the spec
+		"1x;" + spec:             "malformed group header",
+		"2;" + spec:              "malformed group header", // a count of 2, one spec
+		"1;" + spec + ";" + spec: "malformed group header", // a count of 1, two specs
+		"1;":                     "malformed request spec",
+		"1;9 1 1 1 1 0":          "malformed request spec", // algorithm 9
+		"1;" + spec + " 1":       "malformed request spec",
+	} {
+		t.Run(text, func(t *testing.T) {
+			mustFail(t, b, keys, []string{text}, want)
+			// The same text again: a malformed group is not cached.
+			mustFail(t, b, keys, []string{text}, want)
+			if n, err := r.Client().Exists(context.Background(), keys[0]).Result(); err != nil || n != 0 {
+				t.Errorf("EXISTS %v, %v; want the counter unwritten", n, err)
+			}
+		})
+	}
+	// And the well-formed text of the same group is served.
+	if _, calls := runCounted(t, r, b, keys, argv); calls["set"] != 1 {
+		t.Errorf("the well-formed group: %d SETs, want 1", calls["set"])
 	}
 }

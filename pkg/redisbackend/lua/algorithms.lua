@@ -41,6 +41,56 @@ local function parse_spec(text)
   return p
 end
 
+-- groups caches parsed groups by their text, check.lua's ARGV[2..]:
+-- "<n>;<spec>;...;<spec>", a group's count and its n request specs, or
+-- "<n> <now>;..." with the caller's clock (tests), which is parsed at every
+-- call and not cached. A group's text depends only on its rules and hits, so
+-- few distinct ones recur; a hit spares a cache read per spec and the count's
+-- conversion, and one ARGV entry per group instead of 1 + n spares Redis a
+-- Lua string and an array slot per spec (docs/performance.md, "One ARGV entry
+-- per group"). The entry is {p1, ..., pn} (the parsed specs, shared with
+-- specs) with n, and now (nil on Redis TIME). The table is shared: callers
+-- must not modify it. Emptied at group_cache_max entries, which bounds its
+-- memory.
+local groups, group_count, group_cache_max = {}, 0, 4096
+
+-- parse_group returns the parsed group of text, or nil and what is
+-- malformed: 'header' (the count, the clock, or a count that is not the
+-- number of specs) or 'spec'.
+local function parse_group(text)
+  local g = groups[text]
+  if g then
+    return g
+  end
+  local n, now, rest = string.match(text, '^(%d+) ?(%d*)(.*)$')
+  if not n or (rest ~= '' and string.sub(rest, 1, 1) ~= ';') then
+    return nil, 'header'
+  end
+  g = {n = tonumber(n)}
+  local i = 0
+  for part in string.gmatch(rest, ';([^;]*)') do
+    local p = parse_spec(part)
+    if not p then
+      return nil, 'spec'
+    end
+    i = i + 1
+    g[i] = p
+  end
+  if i ~= g.n then
+    return nil, 'header'
+  end
+  if now ~= '' then
+    g.now = tonumber(now)
+    return g
+  end
+  if group_count >= group_cache_max then
+    groups, group_count = {}, 0
+  end
+  groups[text] = g
+  group_count = group_count + 1
+  return g
+end
+
 -- cs is check.lua's scratch (described there): tables reused by every call
 -- of a Function, instead of built and grown per call. n is the number of
 -- distinct keys of the last call, whose cs.pos entries the next call clears.

@@ -17,14 +17,16 @@
 -- ARGV[1]  "<alt> <slack>": alt "1" appends the no-consumption figures to
 --          every request (see the reply), "0" does not; slack is added to
 --          every expiry in ms (0 on Redis TIME; see ttl_slack in lib.lua).
--- then per group: a header "<n>" or "<n> <now>": the group's n requests,
---          decided at now ms since the Unix epoch, or when absent at Redis
---          TIME (sec·1000 + floor(usec/1000), read once per call); then n
---          request specs "<alg> <window_ms> <limit> <capacity> <hits>
---          <shadow>", six decimal integers separated by one space: alg 0
---          sliding_window, 1 fixed_window, 2 token_bucket, 3 sliding_log;
---          capacity is the burst for a token bucket (the limit otherwise);
---          hits 0 checks without consuming; shadow 1 marks a shadow request.
+-- then one entry per group, "<n>;<spec>;...;<spec>" or "<n> <now>;<spec>;...":
+--          the group's n requests, decided at now ms since the Unix epoch,
+--          or when absent at Redis TIME (sec·1000 + floor(usec/1000), read
+--          once per call), then after each ';' a request spec "<alg>
+--          <window_ms> <limit> <capacity> <hits> <shadow>", six decimal
+--          integers separated by one space: alg 0 sliding_window, 1
+--          fixed_window, 2 token_bucket, 3 sliding_log; capacity is the
+--          burst for a token bucket (the limit otherwise); hits 0 checks
+--          without consuming; shadow 1 marks a shadow request. A group's
+--          text is parsed once and cached (parse_group in algorithms.lua).
 --
 -- Reply: one string of little-endian 64-bit integers (pack_ints in lib.lua),
 -- per group in order:
@@ -92,18 +94,17 @@ end
 -- Anything else (several groups, a shared key, a sliding log, a malformed
 -- spec) goes on to the paths below.
 local lone_max = 8
-if not alt and #ARGV == #KEYS + 2 and #KEYS <= lone_max then
-  local n, now = tonum(ARGV[2]), nil
-  if not n then
-    n, now = match(ARGV[2], '^(%d+) (%d+)$')
-    n, now = tonum(n), tonum(now)
+if not alt and #ARGV == 2 and #KEYS <= lone_max then
+  local grp = groups[ARGV[2]] or parse_group(ARGV[2])
+  local n, now = 0, nil
+  if grp then
+    n, now = grp.n, grp.now
   end
   local fp, fs, fn, fw, fo = cs.fp, cs.fs, cs.fn, cs.fw, cs.fo
   local lone = n == #KEYS and n >= 1
   if lone then
     for i = 1, n do
-      local text = ARGV[2 + i]
-      local p = specs[text] or parse_spec(text)
+      local p = grp[i]
       local key = KEYS[i]
       for k = 1, i - 1 do
         if KEYS[k] == key then
@@ -240,15 +241,12 @@ if not alt and #KEYS >= 1 and #KEYS <= lean_max then
   local o, a, k0, nw, nt = 0, 2, 0, 0, 0
   local lean, tnow, fin = true, nil, nil
   while a <= na do
-    local n, now = tonum(ARGV[a]), nil
-    if not n then
-      n, now = match(ARGV[a], '^(%d+) (%d+)$')
-      n, now = tonum(n), tonum(now)
-    end
-    if not n or n < 0 or n % 1 ~= 0 or a + n > na or k0 + n > nk then
+    local grp = groups[ARGV[a]] or parse_group(ARGV[a])
+    if not grp or k0 + grp.n > nk then
       lean = false
       break
     end
+    local n, now = grp.n, grp.now
     if not now then
       if not tnow then
         tnow = time_ms()
@@ -260,9 +258,8 @@ if not alt and #KEYS >= 1 and #KEYS <= lean_max then
     nt = 0
     fo[o + 1], fo[o + 2] = now, 1
     for i = 1, n do
-      local text = ARGV[a + i]
-      local p = specs[text] or parse_spec(text)
-      if not p or not p[7] then
+      local p = grp[i]
+      if not p[7] then
         lean = false
         break
       end
@@ -337,7 +334,7 @@ if not alt and #KEYS >= 1 and #KEYS <= lean_max then
       -- general path reports them.
       fo[o + 2] = 0
       for i = 1, n do
-        local p = specs[ARGV[a + i]] or parse_spec(ARGV[a + i])
+        local p = grp[i]
         local key = KEYS[k0 + i]
         local j
         if scan then
@@ -359,7 +356,7 @@ if not alt and #KEYS >= 1 and #KEYS <= lean_max then
         end
         fo[x + 1] = reset
       end
-    elseif a + 1 + n > na then
+    elseif a == na then
       -- The last group's consumption is written from the scratch
       -- (below), not committed first.
       fin = now
@@ -376,7 +373,7 @@ if not alt and #KEYS >= 1 and #KEYS <= lean_max then
       end
     end
     o = o + 2 + 3 * n
-    a = a + 1 + n
+    a = a + 1
     k0 = k0 + n
   end
   if lean and k0 == nk then
@@ -400,10 +397,10 @@ end
 
 local time_now = nil -- Redis TIME in ms, read at most once per call
 -- The reply has 2 integers per group and stride per request: the groups
--- are the ARGV entries that are neither ARGV[1] nor a spec. Built in a
+-- are the ARGV entries after ARGV[1]. Built in a
 -- table of that size from the start (a table that grows is reallocated at
 -- every power of two).
-local out = presized(2 * (#ARGV - 1 - #KEYS) + stride * #KEYS)
+local out = presized(2 * (#ARGV - 1) + stride * #KEYS)
 local o = 0 -- the last index written in out
 local a = 2 -- the index in ARGV of the next group header
 local k0 = 0 -- the index in KEYS before the next group's first key
@@ -472,19 +469,19 @@ do
 end
 
 while a <= #ARGV do
-  -- The header: "<n>" (Redis TIME), or "<n> <now>".
-  local n, now = tonum(ARGV[a]), ''
-  if not n then
-    n, now = match(ARGV[a], '^(%d+) (%d+)$')
-    if not n then
-      return redis.error_reply('ERR envoy-rls check: malformed group header at ARGV[' .. a .. ']')
-    end
-    n, now = tonum(n), tonum(now)
+  -- The group: "<n>;<spec>;...", on Redis TIME, or "<n> <now>;...".
+  local grp, bad = groups[ARGV[a]], nil
+  if not grp then
+    grp, bad = parse_group(ARGV[a])
   end
-  if n < 0 or n % 1 ~= 0 or a + n > #ARGV or k0 + n > #KEYS then
-    return redis.error_reply('ERR envoy-rls check: group at ARGV[' .. a .. '] has a bad count or too few specs or keys')
+  if not grp then
+    return redis.error_reply('ERR envoy-rls check: malformed ' .. (bad == 'spec' and 'request spec' or 'group header') .. ' in ARGV[' .. a .. ']')
   end
-  if now == '' then
+  local n, now = grp.n, grp.now
+  if k0 + n > #KEYS then
+    return redis.error_reply('ERR envoy-rls check: group at ARGV[' .. a .. '] has more requests than keys are left')
+  end
+  if not now then
     if not time_now then
       time_now = time_ms()
     end
@@ -495,11 +492,7 @@ while a <= #ARGV do
   -- the group on the same key (the counter's slot: first[i]), and its state
   -- as the groups before left it.
   for i = 1, n do
-    local text = ARGV[a + i]
-    local p = specs[text] or parse_spec(text) -- the cache read here: a call costs more
-    if not p then
-      return redis.error_reply('ERR envoy-rls check: malformed request spec at ARGV[' .. (a + i) .. ']')
-    end
+    local p = grp[i]
     parsed[i] = p
     local j = idx[k0 + i]
     local f = kslot[j]
@@ -606,7 +599,7 @@ while a <= #ARGV do
     out[o + 2] = 1
   end
   o = o + 2 + n * stride
-  a = a + 1 + n
+  a = a + 1
   k0 = k0 + n
 end
 if k0 ~= #KEYS then
