@@ -301,3 +301,27 @@ func TestMalformedGroups(t *testing.T) {
 		t.Errorf("the well-formed group: %d SETs, want 1", calls["set"])
 	}
 }
+
+// TestSlidingLogCallReadsOnce: a call with a sliding log goes to the general
+// path before any other path reads a counter, so its counters are read with
+// one MGET (the string counters' path once read them all and gave up at the
+// log's group), whether the log's group comes first or after a window's.
+func TestSlidingLogCallReadsOnce(t *testing.T) {
+	r := testenv.RedisServer(t)
+	b := newSingle(t, r, DefaultKeyPrefix, nil)
+	win := limiter.Request{Key: key(t.Name(), "window"), Limit: limiter.Limit{Requests: 10, Window: time.Minute}, Hits: 1}
+	log := limiter.Request{Key: key(t.Name(), "log"), Limit: limiter.Limit{Algorithm: limiter.SlidingLog, Requests: 10, Window: time.Minute}, Hits: 1}
+	for name, groups := range map[string][][]limiter.Request{
+		"a log alone":          {{log}},
+		"a log and a window":   {{log, win}},
+		"a window, then a log": {{win}, {log}},
+		"a log, then a window": {{log}, {win}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			keys, argv := encodeGroups(b, groups...)
+			if _, calls := runCounted(t, r, b, keys, argv); calls["mget"] != 1 {
+				t.Errorf("%d MGETs, want 1", calls["mget"])
+			}
+		})
+	}
+}

@@ -49,8 +49,8 @@ end
 -- conversion, and one ARGV entry per group instead of 1 + n spares Redis a
 -- Lua string and an array slot per spec (docs/performance.md, "One ARGV entry
 -- per group"). The entry is {p1, ..., pn} (the parsed specs, shared with
--- specs) with n, and now (nil on Redis TIME). The table is shared: callers
--- must not modify it. Emptied at group_cache_max entries, which bounds its
+-- specs) with n, now (nil on Redis TIME) and str (every spec's algorithm
+-- keeps a string state). The table is shared: callers must not modify it. Emptied at group_cache_max entries, which bounds its
 -- memory.
 local groups, group_count, group_cache_max = {}, 0, 4096
 
@@ -66,7 +66,7 @@ local function parse_group(text)
   if not n or (rest ~= '' and string.sub(rest, 1, 1) ~= ';') then
     return nil, 'header'
   end
-  g = {n = tonumber(n)}
+  g = {n = tonumber(n), str = true}
   local i = 0
   for part in string.gmatch(rest, ';([^;]*)') do
     local p = parse_spec(part)
@@ -75,6 +75,7 @@ local function parse_group(text)
     end
     i = i + 1
     g[i] = p
+    g.str = g.str and p[7]
   end
   if i ~= g.n then
     return nil, 'header'
