@@ -50,8 +50,8 @@ end
 -- Lua string and an array slot per spec (docs/performance.md, "One ARGV entry
 -- per group"). The entry is {p1, ..., pn} (the parsed specs, shared with
 -- specs) with n, now (nil on Redis TIME) and str (every spec's algorithm
--- keeps a string state). The table is shared: callers must not modify it. Emptied at group_cache_max entries, which bounds its
--- memory.
+-- keeps a string state). The table is shared: callers must not modify it.
+-- Emptied at group_cache_max entries, which bounds its memory.
 local groups, group_count, group_cache_max = {}, 0, 4096
 
 -- parse_group returns the parsed group of text, or nil and what is

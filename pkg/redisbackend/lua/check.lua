@@ -190,14 +190,14 @@ end
 -- group, more than lean_max keys) goes on to the general path, which finds
 -- everything as it was: the groups are checked before anything is read,
 -- and this path writes nothing before every group is decided, so it can
--- still give up at a group with more requests than keys are left. The semantics are the
--- general path's: each group is decided in order on the counters as the
--- groups before it left them, a request sees the tentative consumption of
--- the group's earlier requests on its key, a denied non-shadow request
--- vetoes the group (nothing of it is written, and every request reports its
--- figures on the state the group found), and every counter is read once
--- (one MGET of KEYS, a repeated key included) and written once, after the
--- last group.
+-- still give up at a group with more requests than keys are left. The
+-- semantics are the general path's: each group is decided in order on the
+-- counters as the groups before it left them, a request sees the tentative
+-- consumption of the group's earlier requests on its key, a denied
+-- non-shadow request vetoes the group (nothing of it is written, and every
+-- request reports its figures on the state the group found), and every
+-- counter is read once (one MGET of KEYS, a repeated key included) and
+-- written once, after the last group.
 --
 -- A counter is known by the position j of its first request in KEYS, found
 -- by scanning KEYS in a call of up to lean_scan keys and through pos[key]
@@ -218,7 +218,7 @@ if strings then
   -- Every group must parse and be of string counters: a call with a
   -- sliding log goes to the general path before this one reads anything
   -- (it read every counter with an MGET of its own and gave up at the
-  -- log's group, about 5% of a lone log Check).
+  -- log's group, about a tenth of a lone log Check).
   for a = 2, #ARGV do
     local grp = groups[ARGV[a]] or parse_group(ARGV[a])
     if not grp or not grp.str then
