@@ -46,31 +46,18 @@ func TestGroupsOfOneCall(t *testing.T) {
 				{false, []bool{false, true}, []uint64{0, 2}}, // vetoed: figures on the stored state
 				{true, []bool{true, true}, []uint64{1, 0}},
 			}
-			for i, reqs := range groups {
-				k := replyLen(len(reqs), false)
-				if len(v) < k {
-					t.Fatalf("reply too short at group %d", i+1)
+			for i, gr := range decodeGroups(t, v, groups) {
+				if gr.now != t0.UnixMilli() {
+					t.Errorf("group %d decided at %d, want the injected %d", i+1, gr.now, t0.UnixMilli())
 				}
-				res := make([]limiter.Result, len(reqs))
-				now, committed, err := decodeReply(v[:k], nil, res, nil)
-				v = v[k:]
-				if err != nil {
-					t.Fatalf("group %d: %v", i+1, err)
+				if gr.committed != want[i].committed {
+					t.Errorf("group %d: committed %v, want %v", i+1, gr.committed, want[i].committed)
 				}
-				if now != t0.UnixMilli() {
-					t.Errorf("group %d decided at %d, want the injected %d", i+1, now, t0.UnixMilli())
-				}
-				if committed != want[i].committed {
-					t.Errorf("group %d: committed %v, want %v", i+1, committed, want[i].committed)
-				}
-				for j, x := range res {
+				for j, x := range gr.res {
 					if x.Allowed != want[i].allowed[j] || x.Remaining != want[i].remaining[j] {
 						t.Errorf("group %d request %d: %+v, want allowed %v remaining %d", i+1, j+1, x, want[i].allowed[j], want[i].remaining[j])
 					}
 				}
-			}
-			if len(v) != 0 {
-				t.Errorf("%d bytes of reply left over", len(v))
 			}
 
 			if n := calls["mget"]; n != 1 {
@@ -106,13 +93,16 @@ func TestFailedCallLeavesNoScratch(t *testing.T) {
 	lim := limiter.Limit{Requests: 10, Window: time.Hour}
 	a := limiter.Request{Key: key(t.Name(), "A"), Limit: lim, Hits: 3}
 	c := limiter.Request{Key: key(t.Name(), "C"), Limit: lim, Hits: 1}
+	// A sliding log takes the next call to the general path, whose key
+	// table the failed call filled; without it the call takes the lone path.
+	log := limiter.Request{Key: key(t.Name(), "L"), Limit: limiter.Limit{Algorithm: limiter.SlidingLog, Requests: 10, Window: time.Hour}, Hits: 1}
 
 	keys, argv := encodeGroups(b, []limiter.Request{a}, []limiter.Request{a})
 	argv[len(argv)-1] = "1;9 1 1 1 1 0" // the second group: its spec of algorithm 9, malformed
 	mustFail(t, b, keys, argv, "malformed request spec")
 
-	res := make([]limiter.Result, 2)
-	if err := b.Check(ctx, []limiter.Request{c, a}, res); err != nil {
+	res := make([]limiter.Result, 3)
+	if err := b.Check(ctx, []limiter.Request{c, a, log}, res); err != nil {
 		t.Fatalf("Check after the failed call: %v", err)
 	}
 	if res[0].Remaining != 9 || res[1].Remaining != 7 {
@@ -195,7 +185,7 @@ func TestLastGroupWritesOnce(t *testing.T) {
 // TestFailedCallLeavesNoTags: check.lua's string counters' path tags a
 // counter's tentative state with its group's number, numbered across calls.
 // A call that gives up after its first group (A twice, committed in the
-// call's scratch; then a malformed header, so the call fails) must not leave
+// call's scratch; then a group without keys, so the call fails) must not leave
 // a tag that a later call's group reads as its own: there, B's second
 // request, after a first that consumed nothing, decides on B's stored state,
 // not on the table the failed call left at the same position (A as stored,
@@ -214,8 +204,12 @@ func TestFailedCallLeavesNoTags(t *testing.T) {
 	if err := b.Check(ctx, []limiter.Request{five}, make([]limiter.Result, 1)); err != nil {
 		t.Fatalf("Check of A: %v", err)
 	}
+	// A second group of one request, for which no key is left: the string
+	// counters' path gives up at it, after committing the first group in its
+	// scratch, and the general path fails the call.
 	keys, argv := encodeGroups(b, []limiter.Request{a, a})
-	mustFail(t, b, keys, append(argv, "x"), "malformed group header") // a second group's header, malformed
+	_, second := encodeGroups(b, []limiter.Request{a})
+	mustFail(t, b, keys, append(argv, second...), "more requests than keys are left")
 
 	res := make([]limiter.Result, 2)
 	if err := b.Check(ctx, []limiter.Request{peek, bb}, res); err != nil {
@@ -240,6 +234,38 @@ func encodeGroups(b *Backend, groups ...[]limiter.Request) (keys, argv []string)
 		argv = append(argv, g.argv...)
 	}
 	return keys, argv
+}
+
+// groupReply is one group's part of check.lua's reply, decoded.
+type groupReply struct {
+	now       int64
+	committed bool
+	res       []limiter.Result
+}
+
+// decodeGroups splits v, the reply of one call of check.lua carrying groups
+// (without the Cluster's figures), into the groups' parts and decodes each;
+// a reply of another length fails the test.
+func decodeGroups(t *testing.T, v string, groups [][]limiter.Request) []groupReply {
+	t.Helper()
+	out := make([]groupReply, len(groups))
+	for i, reqs := range groups {
+		k := replyLen(len(reqs), false)
+		if len(v) < k {
+			t.Fatalf("reply too short at group %d", i+1)
+		}
+		out[i].res = make([]limiter.Result, len(reqs))
+		var err error
+		out[i].now, out[i].committed, err = decodeReply(v[:k], nil, out[i].res, nil)
+		if err != nil {
+			t.Fatalf("group %d: %v", i+1, err)
+		}
+		v = v[k:]
+	}
+	if len(v) != 0 {
+		t.Errorf("%d bytes of reply left over", len(v))
+	}
+	return out
 }
 
 // runCounted sends one call of check.lua with keys and argv, which must

@@ -113,24 +113,14 @@ func TestRedisClockToTheMillisecond(t *testing.T) {
 					t.Fatalf("check: %v", err)
 				}
 				after := redisMs()
-				for i, reqs := range groups {
-					k := replyLen(len(reqs), false)
-					if len(v) < k {
-						t.Fatalf("reply too short at group %d", i+1)
+				for i, gr := range decodeGroups(t, v, groups) {
+					if gr.now < before || gr.now > after {
+						t.Errorf("group %d decided at %d, want within Redis TIME [%d, %d]", i+1, gr.now, before, after)
 					}
-					res := make([]limiter.Result, len(reqs))
-					now, _, err := decodeReply(v[:k], nil, res, nil)
-					v = v[k:]
-					if err != nil {
-						t.Fatalf("group %d: %v", i+1, err)
-					}
-					if now < before || now > after {
-						t.Errorf("group %d decided at %d, want within Redis TIME [%d, %d]", i+1, now, before, after)
-					}
-					for j, x := range res {
-						if reqs[j].Limit.Algorithm == limiter.FixedWindow {
-							if end := now + x.ResetAfter.Milliseconds(); end%w.Milliseconds() != 0 {
-								t.Errorf("group %d request %d: now %d + reset %v = %d, want its bucket's end", i+1, j+1, now, x.ResetAfter, end)
+					for j, x := range gr.res {
+						if groups[i][j].Limit.Algorithm == limiter.FixedWindow {
+							if end := gr.now + x.ResetAfter.Milliseconds(); end%w.Milliseconds() != 0 {
+								t.Errorf("group %d request %d: now %d + reset %v = %d, want its bucket's end", i+1, j+1, gr.now, x.ResetAfter, end)
 							}
 						}
 					}

@@ -6,24 +6,13 @@
 
 local algs = {[0] = sliding_window, [1] = fixed_window, [2] = token_bucket, [3] = sliding_log}
 
--- specs caches parsed request specs by their text. Parsing costs a pattern
--- match and five strtod calls, more than a limit's own arithmetic; a spec
--- depends only on the rule and the hits, so few distinct ones recur. As a
--- Redis Function the library's locals live as long as the library, so the
--- cache persists across calls (as a script it lives for one call). It is
--- emptied when it reaches spec_cache_max entries, which bounds its memory.
-local specs, spec_count, spec_cache_max = {}, 0, 4096
-
 -- parse_spec returns the parsed request spec "<alg> <window_ms> <limit>
 -- <capacity> <hits> <shadow>" as {module, window, limit, capacity, hits,
 -- shadow, string_state (the module's, looked up once)}, or nil if it is
--- malformed or names an unknown algorithm. The table is shared: callers must
--- not modify it.
+-- malformed or names an unknown algorithm. Parsing costs a pattern match and
+-- five strtod calls, more than a limit's own arithmetic: it runs only when a
+-- group's text is not in the cache below.
 local function parse_spec(text)
-  local p = specs[text]
-  if p then
-    return p
-  end
   local a, w, l, cap, h, sh = string.match(text, '^(%d) (%d+) (%d+) (%d+) (%d+) ([01])$')
   if not a then
     return nil
@@ -32,26 +21,22 @@ local function parse_spec(text)
   if not m then
     return nil
   end
-  if spec_count >= spec_cache_max then
-    specs, spec_count = {}, 0
-  end
-  p = {m, tonumber(w), tonumber(l), tonumber(cap), tonumber(h), sh == '1', m.string_state == true}
-  specs[text] = p
-  spec_count = spec_count + 1
-  return p
+  return {m, tonumber(w), tonumber(l), tonumber(cap), tonumber(h), sh == '1', m.string_state == true}
 end
 
 -- groups caches parsed groups by their text, check.lua's ARGV[2..]:
 -- "<n>;<spec>;...;<spec>", a group's count and its n request specs, or
 -- "<n> <now>;..." with the caller's clock (tests), which is parsed at every
 -- call and not cached. A group's text depends only on its rules and hits, so
--- few distinct ones recur; a hit spares a cache read per spec and the count's
--- conversion, and one ARGV entry per group instead of 1 + n spares Redis a
--- Lua string and an array slot per spec (docs/performance.md, "One ARGV entry
--- per group"). The entry is {p1, ..., pn} (the parsed specs, shared with
--- specs) with n, now (nil on Redis TIME) and str (every spec's algorithm
--- keeps a string state). The table is shared: callers must not modify it.
--- Emptied at group_cache_max entries, which bounds its memory.
+-- few distinct ones recur; a hit spares the parse of the count and every
+-- spec, and one ARGV entry per group instead of 1 + n spares Redis a Lua
+-- string and an array slot per spec (docs/performance.md, "One ARGV entry
+-- per group"). As a Redis Function the library's locals live as long as the
+-- library, so the cache persists across calls (as a script it lives for one
+-- call). The entry is {p1, ..., pn} (the parsed specs) with n, now (nil on
+-- Redis TIME) and str (every spec's algorithm keeps a string state). The
+-- table is shared: callers must not modify it. Emptied at group_cache_max
+-- entries, which bounds its memory.
 local groups, group_count, group_cache_max = {}, 0, 4096
 
 -- parse_group returns the parsed group of text, or nil and what is
@@ -98,13 +83,15 @@ end
 local cs = {
   n = 0, pos = {}, key = {}, raw = {}, st = {}, sb0 = {}, slot = {},
   wspec = {}, wnow = {}, wlist = {}, idx = {},
-  parsed = {}, first = {}, orig = {}, cur = {}, kst = {}, sst = {},
-  -- The lone group's path (check.lua): by position, the parsed spec, the
-  -- state as loaded, decide's scratch, whether it is written.
-  fp = {}, fs = {}, fn = {}, fw = {},
-  -- The string counters' path (check.lua): the last numbers given to a
-  -- group (g) and to a call (calls), then the tables by a key's first
-  -- position and the lists. fo: the reply's integers, of both paths.
+  first = {}, orig = {}, cur = {}, kst = {}, sst = {},
+  -- The lone group's path (check.lua): by position, the state as loaded,
+  -- decide's scratch, whether it is written.
+  fs = {}, fn = {}, fw = {},
+  -- The string counters' path (check.lua): the call's parsed groups by
+  -- their index in ARGV (gs), the last numbers given to a group (g) and to
+  -- a call (calls), then the tables by a key's first position and the
+  -- lists. fo: the reply's integers, of both paths.
+  gs = {},
   g = 0, calls = 0, lst = {}, lsc = {}, ltag = {}, lsb0 = {},
   lspec = {}, lwnow = {}, lwcall = {}, ltouch = {}, lwrit = {}, fo = {},
 }

@@ -96,37 +96,28 @@ end
 local lone_max = 8
 if not alt and #ARGV == 2 and #KEYS <= lone_max then
   local grp = groups[ARGV[2]] or parse_group(ARGV[2])
-  local n, now = 0, nil
-  if grp then
-    n, now = grp.n, grp.now
-  end
-  local fp, fs, fn, fw, fo = cs.fp, cs.fs, cs.fn, cs.fw, cs.fo
-  local lone = n == #KEYS and n >= 1
+  local lone = grp and grp.str and grp.n == #KEYS and grp.n >= 1
   if lone then
-    for i = 1, n do
-      local p = grp[i]
+    -- A counter twice takes the general path's bookkeeping.
+    for i = 2, grp.n do
       local key = KEYS[i]
       for k = 1, i - 1 do
         if KEYS[k] == key then
-          p = nil -- a counter twice: the general path's bookkeeping
-          break
+          lone = false
         end
       end
-      if not p or not p[1].string_state then
-        lone = false
-        break
-      end
-      fp[i] = p
     end
   end
   if lone then
+    local n, now = grp.n, grp.now
+    local fs, fn, fw, fo = cs.fs, cs.fn, cs.fw, cs.fo
     local vals = rcall('MGET', unpack_list(KEYS))
     if not now then
       now = time_ms()
     end
     local veto = false
     for i = 1, n do
-      local p = fp[i]
+      local p = grp[i]
       local m, w, h = p[1], p[2], p[5]
       local s, into = fs[i], fn[i]
       if not s then
@@ -157,7 +148,7 @@ if not alt and #ARGV == 2 and #KEYS <= lone_max then
       -- state (which decide read but did not write).
       fo[2] = 0
       for i = 1, n do
-        local p = fp[i]
+        local p = grp[i]
         local _, rem, reset = p[1].decide(fs[i], now, p[2], p[3], p[4], 1, false, true)
         local j = 3 * i
         if fo[j] >= 0 then
@@ -170,7 +161,7 @@ if not alt and #ARGV == 2 and #KEYS <= lone_max then
     else
       for i = 1, n do
         if fw[i] then
-          local p = fp[i]
+          local p = grp[i]
           p[1].store(KEYS[i], p[2], fn[i], fs[i][1], now)
         end
       end
@@ -214,6 +205,7 @@ end
 local lean_max = 1000 -- keys that one MGET reads (unpack's stack)
 local lean_scan = 8 -- keys up to which scanning KEYS costs less than pos
 local strings = not alt and #KEYS >= 1 and #KEYS <= lean_max
+local gs = cs.gs -- the call's parsed groups, by their index in ARGV
 if strings then
   -- Every group must parse and be of string counters: a call with a
   -- sliding log goes to the general path before this one reads anything
@@ -225,6 +217,7 @@ if strings then
       strings = false
       break
     end
+    gs[a] = grp
   end
 end
 if strings then
@@ -256,8 +249,8 @@ if strings then
   local o, a, k0, nw, nt = 0, 2, 0, 0, 0
   local lean, tnow, fin = true, nil, nil
   while a <= na do
-    local grp = groups[ARGV[a]] or parse_group(ARGV[a])
-    if not grp or k0 + grp.n > nk then
+    local grp = gs[a]
+    if k0 + grp.n > nk then
       lean = false
       break
     end
@@ -422,8 +415,9 @@ local k0 = 0 -- the index in KEYS before the next group's first key
 -- the parsed spec (its module and window: they are part of the key) and the
 -- clock of the key's last committed write (wspec false while unwritten).
 -- wlist[1..nw] are the written keys' indexes. By position in KEYS: idx, the
--- key's j. By position i in the current group: parsed its spec, first the
--- position of the group's first request on the same counter, orig the state
+-- key's j. By position i in the current group (whose parsed specs are
+-- grp[i]): first the position of the group's first request on the same
+-- counter, orig the state
 -- the group found, cur the group's tentative state (false while untouched).
 -- Every entry of these is written before it is read in a call; cs.pos, the
 -- one table looked up by key, is emptied first (a call that failed left it
@@ -444,7 +438,7 @@ local k0 = 0 -- the index in KEYS before the next group's first key
 -- by decide, which reads its state in full before it writes.
 local pos, ckey, raw, st, sb0, kslot = cs.pos, cs.key, cs.raw, cs.st, cs.sb0, cs.slot
 local wspec, wnow, wlist, idx = cs.wspec, cs.wnow, cs.wlist, cs.idx
-local parsed, first, orig, cur = cs.parsed, cs.first, cs.orig, cs.cur
+local first, orig, cur = cs.first, cs.orig, cs.cur
 local kst, sst = cs.kst, cs.sst
 local nw = 0
 do
@@ -501,7 +495,6 @@ while a <= #ARGV do
   -- as the groups before left it.
   for i = 1, n do
     local p = grp[i]
-    parsed[i] = p
     local j = idx[k0 + i]
     local f = kslot[j]
     if not f then
@@ -531,7 +524,7 @@ while a <= #ARGV do
   local veto = false
   out[o + 1], out[o + 2] = now, 0
   for i = 1, n do
-    local p, f = parsed[i], first[i]
+    local p, f = grp[i], first[i]
     local m, w, l, cap, h = p[1], p[2], p[3], p[4], p[5]
     local s = cur[f] or orig[f]
     local c, consume = h, h > 0
@@ -567,7 +560,7 @@ while a <= #ARGV do
     -- Its retry is dropped, so no_retry spares the algorithms whose retry
     -- is a search (sliding window, sliding log) the search.
     for i = 1, n do
-      local p = parsed[i]
+      local p = grp[i]
       local _, rem, reset = p[1].decide(orig[first[i]], now, p[2], p[3], p[4], 1, false, true)
       local j = o + 2 + (i - 1) * stride
       if veto then
@@ -587,7 +580,7 @@ while a <= #ARGV do
   for i = 1, n do
     local j = idx[k0 + i]
     if not veto and first[i] == i and cur[i] then
-      local p = parsed[i]
+      local p = grp[i]
       local m = p[1]
       if m.string_state then
         local s = cur[i]
