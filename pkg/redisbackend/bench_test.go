@@ -238,7 +238,7 @@ func logMix(hits uint64) func(i int) []limiter.Request {
 
 // mixCalls loads the library into be's server and returns calls check
 // calls, as the coalescer sends them: FCALL <fn> <numkeys> <keys> "0 0",
-// then per Check its group's text (group.encode), the Checks of
+// then per Check its group's text (encodeGroups), the Checks of
 // mix on indexes drawn from [0, indexes), perCall Checks per call, in a
 // fixed pseudo-random order.
 func mixCalls(b *testing.B, be *Backend, mix func(i int) []limiter.Request, perCall, calls, indexes int) [][]any {
@@ -256,12 +256,11 @@ func mixCalls(b *testing.B, be *Backend, mix func(i int) []limiter.Request, perC
 		var keys []any
 		argv := []any{"0 0"}
 		for range perCall {
-			var g group
-			g.encode(be, mix(rng.IntN(indexes)), nil)
-			for _, k := range g.keys {
+			ks, as := encodeGroups(be, mix(rng.IntN(indexes)))
+			for _, k := range ks {
 				keys = append(keys, k)
 			}
-			for _, a := range g.argv {
+			for _, a := range as {
 				argv = append(argv, a)
 			}
 		}
