@@ -478,67 +478,93 @@ func at(idx []int, j int) int {
 	return idx[j]
 }
 
-// replyLen is the length in bytes of a group's part of check.lua's reply:
-// 2 + 3 (5 with alt) little-endian 64-bit integers per request.
-func replyLen(n int, alt bool) int {
-	if alt {
-		return 8 * (2 + 5*n)
+// groupReplyLen returns the length in bytes of the part of check.lua's
+// reply at the start of v that holds a group of n requests (with the
+// figures without consumption when alt): the group's clock, then per
+// request its decision, its reset, its retry only when the decision is a
+// denial (negative), and with alt the two figures; all little-endian
+// 64-bit integers. ok is false when v is too short to hold it.
+func groupReplyLen(v string, n int, alt bool) (size int, ok bool) {
+	size = 8
+	for range n {
+		if size+16 > len(v) {
+			return 0, false
+		}
+		k := 16
+		if int64(binary.LittleEndian.Uint64([]byte(v[size:size+8]))) < 0 {
+			k = 24
+		}
+		if alt {
+			k += 16
+		}
+		size += k
 	}
-	return 8 * (2 + 3*n)
+	return size, size <= len(v)
 }
 
 // decodeReply writes the results of the requests reqs[idx[j]] (all of reqs
-// when idx is nil) from v, the group's part of check.lua's reply, of length
-// replyLen. With alt non-nil it reads the figures without consumption too.
-// It returns the group's clock and whether it consumed.
-func decodeReply(v string, idx []int, results []limiter.Result, alt []figures) (now int64, committed bool, err error) {
-	stride := 3
-	if alt != nil {
-		stride = 5
+// when idx is nil) from v, the group's part of check.lua's reply (see
+// groupReplyLen), which it must fill exactly. With alt non-nil it reads the
+// figures without consumption too. It returns the group's clock and whether
+// it consumed: whether no request but a shadow one was denied, as
+// check.lua decides it.
+func decodeReply(v string, reqs []limiter.Request, idx []int, results []limiter.Result, alt []figures) (now int64, committed bool, err error) {
+	n := len(reqs)
+	if idx != nil {
+		n = len(idx)
+	}
+	size, ok := groupReplyLen(v, n, alt != nil)
+	if !ok || size != len(v) {
+		return 0, false, fmt.Errorf("reply has %d bytes, which is not a group of %d requests", len(v), n)
 	}
 	var bad, inconsistent bool
-	int64At := func(i int) int64 { return int64(binary.LittleEndian.Uint64([]byte(v[8*i : 8*i+8]))) }
-	num := func(i int) int64 {
-		x := int64At(i)
+	int64At := func(off int) int64 { return int64(binary.LittleEndian.Uint64([]byte(v[off : off+8]))) }
+	num := func(off int) int64 {
+		x := int64At(off)
 		if x < 0 {
 			bad = true
 		}
 		return x
 	}
 	now = num(0)
-	committed = num(1) == 1
-	for j := 0; 8*(2+stride*j) < len(v); j++ {
-		r := 2 + stride*j
-		// The decision: remaining when allowed, -1 - remaining when denied.
-		// Every algorithm gives a denial a retry of at least 1 ms and an
-		// admission none, so a reply whose sign and retry disagree is
-		// refused: a negative remaining (a script bug) must not turn a
-		// denial into an admission.
-		d := int64At(r)
+	committed = true
+	off := 8
+	for j := range n {
+		// The decision: remaining when allowed, -1 - remaining when denied,
+		// and then a retry, which every algorithm makes at least 1 ms.
+		d := int64At(off)
 		allowed, remaining := d >= 0, d
+		reset := num(off + 8)
+		off += 16
+		var retry int64
 		if !allowed {
 			remaining = -1 - d
-		}
-		retry := num(r + 2)
-		if allowed != (retry == 0) {
-			inconsistent = true
+			retry = num(off)
+			if retry < 1 {
+				inconsistent = true
+			}
+			off += 8
+			if !reqs[at(idx, j)].Shadow {
+				committed = false
+			}
 		}
 		results[at(idx, j)] = limiter.Result{
 			Allowed:    allowed,
 			Remaining:  uint64(remaining),
-			ResetAfter: limiter.Millis(num(r + 1)),
+			ResetAfter: limiter.Millis(reset),
 			RetryAfter: limiter.Millis(retry),
 			Source:     limiter.SourceStore,
 		}
 		if alt != nil {
-			alt[j] = figures{remaining: uint64(num(r + 3)), reset: limiter.Millis(num(r + 4))}
+			alt[j] = figures{remaining: uint64(num(off)), reset: limiter.Millis(num(off + 8))}
+			off += 16
 		}
 	}
 	if bad {
 		return 0, false, errors.New("reply holds a negative value where a non-negative integer belongs")
 	}
 	if inconsistent {
-		return 0, false, errors.New("reply holds a decision whose retry disagrees with it (an admission with a retry, or a denial without)")
+		return 0, false, errors.New("reply holds a denial without a retry")
 	}
 	return now, committed, nil
 }
@@ -595,10 +621,7 @@ func (b *Backend) call(ctx context.Context, reqs []limiter.Request, idx []int, r
 	if err != nil {
 		return 0, false, unavailable(ctx, "check script", err)
 	}
-	if want := replyLen(len(bt.g.keys), alt != nil); len(v) != want {
-		return 0, false, unavailable(ctx, "check script", fmt.Errorf("reply has %d bytes, want %d", len(v), want))
-	}
-	now, committed, err = decodeReply(v, idx, results, alt)
+	now, committed, err = decodeReply(v, reqs, idx, results, alt)
 	if err != nil {
 		return 0, false, unavailable(ctx, "check script", err)
 	}

@@ -160,7 +160,7 @@ func (b *Backend) settleAbandoned(reqs []limiter.Request, calls []*slotCall) {
 	results := make([]limiter.Result, len(reqs))
 	for _, c := range calls {
 		if c.err == nil {
-			c.now, c.committed, c.err = decodeReply(c.reply, c.idx, results, c.alt)
+			c.now, c.committed, c.err = decodeReply(c.reply, reqs, c.idx, results, c.alt)
 		}
 	}
 	if _, orders, _ := b.refundOrders(reqs, calls, results); len(orders) > 0 {

@@ -370,7 +370,7 @@ func (b *Backend) finish(ctx context.Context, deadline time.Time, reqs []limiter
 			call.err = callFailed(ctx, deadline, call.err)
 			continue
 		}
-		call.now, call.committed, call.err = decodeReply(call.reply, call.idx, results, call.alt)
+		call.now, call.committed, call.err = decodeReply(call.reply, reqs, call.idx, results, call.alt)
 		if call.err != nil {
 			call.err = unavailable(ctx, "check script", call.err)
 		}
@@ -787,22 +787,27 @@ type part struct {
 
 // splitReply hands each part its share of v, the reply of the call that
 // decided their groups in order (with the figures without consumption when
-// alt), or the call's error when it failed or its reply has the wrong length.
+// alt), or the call's error when it failed or its reply does not hold its
+// groups exactly.
 func splitReply(v string, err error, alt bool, parts []part) {
-	want := 0
-	for _, pt := range parts {
-		want += replyLen(pt.n, alt)
-	}
-	if err == nil && len(v) != want {
-		err = fmt.Errorf("reply has %d bytes, want %d", len(v), want)
-	}
-	for _, pt := range parts {
-		if err != nil {
-			pt.call.err = err
-			continue
+	if err == nil {
+		rest := v
+		for i, pt := range parts {
+			k, ok := groupReplyLen(rest, pt.n, alt)
+			if !ok {
+				err = fmt.Errorf("reply of %d bytes ends within group %d of %d", len(v), i+1, len(parts))
+				break
+			}
+			pt.call.reply, rest = rest[:k], rest[k:]
 		}
-		k := replyLen(pt.n, alt)
-		pt.call.reply, v = v[:k], v[k:]
+		if err == nil && rest != "" {
+			err = fmt.Errorf("reply of %d bytes holds %d bytes after its %d groups", len(v), len(rest), len(parts))
+		}
+	}
+	if err != nil {
+		for _, pt := range parts {
+			pt.call.reply, pt.call.err = "", err
+		}
 	}
 }
 

@@ -250,13 +250,13 @@ func decodeGroups(t *testing.T, v string, groups [][]limiter.Request) []groupRep
 	t.Helper()
 	out := make([]groupReply, len(groups))
 	for i, reqs := range groups {
-		k := replyLen(len(reqs), false)
-		if len(v) < k {
+		k, ok := groupReplyLen(v, len(reqs), false)
+		if !ok {
 			t.Fatalf("reply too short at group %d", i+1)
 		}
 		out[i].res = make([]limiter.Result, len(reqs))
 		var err error
-		out[i].now, out[i].committed, err = decodeReply(v[:k], nil, out[i].res, nil)
+		out[i].now, out[i].committed, err = decodeReply(v[:k], reqs, nil, out[i].res, nil)
 		if err != nil {
 			t.Fatalf("group %d: %v", i+1, err)
 		}

@@ -19,14 +19,18 @@ func reply(xs ...int64) string {
 }
 
 // TestDecodeReply: a group's reply decodes into its results, a denial's
-// remaining from -1 - remaining, the no-consumption figures with alt; a
-// reply whose decision and retry disagree, or with a negative value
-// elsewhere, is refused rather than decoded (a denial must never come out
-// as an admission).
+// remaining from -1 - remaining and its retry from the integer only a
+// denial carries, the no-consumption figures with alt; the group consumed
+// unless a request but a shadow one was denied. A reply that is not a group
+// of its requests exactly (too short, too long, or a retry where an
+// admission has none, which shifts what follows), a denial without a retry
+// of at least 1 ms, or a negative value elsewhere is refused rather than
+// decoded (a denial must never come out as an admission).
 func TestDecodeReply(t *testing.T) {
 	const now = 1_767_225_600_137
+	two := make([]limiter.Request, 2)
 	res := make([]limiter.Result, 2)
-	gotNow, committed, err := decodeReply(reply(now, 0, 5, 100, 0, -1-3, 50, 7), nil, res, nil)
+	gotNow, committed, err := decodeReply(reply(now, 5, 100, -1-3, 50, 7), two, nil, res, nil)
 	if err != nil || gotNow != now || committed {
 		t.Fatalf("decodeReply: now %d, committed %v, %v; want %d, false, nil", gotNow, committed, err, int64(now))
 	}
@@ -40,13 +44,19 @@ func TestDecodeReply(t *testing.T) {
 		}
 	}
 
+	// The same denial of a shadow request leaves the group consumed.
+	shadow := []limiter.Request{{}, {Shadow: true}}
+	if _, committed, err := decodeReply(reply(now, 5, 100, -1-3, 50, 7), shadow, nil, res, nil); err != nil || !committed {
+		t.Errorf("a shadow request's denial: committed %v, %v; want true, nil", committed, err)
+	}
+
 	// With alt, through idx: the results land at their requests' indexes.
 	res = make([]limiter.Result, 3)
 	alt := make([]figures, 2)
-	if _, committed, err := decodeReply(reply(now, 1, 0, 10, 0, 1, 10, -1-9, 40, 15, 0, 20), []int{2, 0}, res, alt); err != nil || !committed {
-		t.Fatalf("decodeReply with alt: committed %v, %v", committed, err)
+	if _, committed, err := decodeReply(reply(now, 0, 10, 1, 10, -1-9, 40, 15, 0, 20), make([]limiter.Request, 3), []int{2, 0}, res, alt); err != nil || committed {
+		t.Fatalf("decodeReply with alt: committed %v, %v; want false, nil", committed, err)
 	}
-	if !res[2].Allowed || res[2].Remaining != 0 || res[0].Allowed || res[0].Remaining != 9 ||
+	if !res[2].Allowed || res[2].Remaining != 0 || res[2].RetryAfter != 0 || res[0].Allowed || res[0].Remaining != 9 ||
 		res[0].ResetAfter != 40*time.Millisecond || res[0].RetryAfter != 15*time.Millisecond {
 		t.Errorf("results by idx: %+v", res)
 	}
@@ -57,15 +67,52 @@ func TestDecodeReply(t *testing.T) {
 	for _, tc := range []struct {
 		name, reply, err string
 	}{
-		{"an admission with a retry", reply(now, 1, 5, 100, 3), "disagrees"},
-		{"a denial without a retry", reply(now, 0, -1, 100, 0), "disagrees"},
-		{"a negative remaining taken for a denial's", reply(now, 0, 4, 100, 7), "disagrees"},
-		{"a negative reset", reply(now, 1, 5, -100, 0), "negative value"},
-		{"a negative clock", reply(-now, 1, 5, 100, 0), "negative value"},
+		{"an admission with a retry", reply(now, 5, 100, 3), "not a group"},
+		{"a negative remaining taken for a denial's", reply(now, 4, 100, 7), "not a group"},
+		{"a denial without a retry", reply(now, -1, 100), "not a group"},
+		{"a denial with a retry of 0", reply(now, -1, 100, 0), "denial without a retry"},
+		{"no request", reply(now), "not a group"},
+		{"a negative reset", reply(now, 5, -100), "negative value"},
+		{"a negative retry", reply(now, -1, 100, -7), "negative value"},
+		{"a negative clock", reply(-now, 5, 100), "negative value"},
+		{"a partial integer", reply(now, 5, 100)[:23], "not a group"},
 	} {
-		_, _, err := decodeReply(tc.reply, nil, make([]limiter.Result, 1), nil)
+		_, _, err := decodeReply(tc.reply, make([]limiter.Request, 1), nil, make([]limiter.Result, 1), nil)
 		if err == nil || !strings.Contains(err.Error(), tc.err) {
 			t.Errorf("%s: %v, want an error with %q", tc.name, err, tc.err)
+		}
+	}
+}
+
+// TestSplitReply: a coalesced call's reply is cut into its groups' parts by
+// their requests' decisions (a denial carries one integer more), and a
+// reply that ends within a group or holds more than its groups fails every
+// part with an error saying so.
+func TestSplitReply(t *testing.T) {
+	const now = 1_767_225_600_137
+	first, second := reply(now, 5, 100, -1-3, 50, 7), reply(now, -1, 9, 2)
+	calls := []*slotCall{{}, {}}
+	parts := []part{{call: calls[0], n: 2}, {call: calls[1], n: 1}}
+	splitReply(first+second, nil, false, parts)
+	if calls[0].err != nil || calls[1].err != nil || calls[0].reply != first || calls[1].reply != second {
+		t.Fatalf("split: %q (%v), %q (%v); want %q, %q", calls[0].reply, calls[0].err, calls[1].reply, calls[1].err, first, second)
+	}
+	withAlt := reply(now, 5, 100, 6, 100, -1, 9, 2, 0, 9)
+	splitReply(withAlt, nil, true, []part{{call: calls[0], n: 2}})
+	if calls[0].err != nil || calls[0].reply != withAlt {
+		t.Fatalf("split with alt: %q (%v), want %q", calls[0].reply, calls[0].err, withAlt)
+	}
+	for _, tc := range []struct {
+		name, reply, err string
+	}{
+		{"a reply that ends within the second group", first + second[:16], "ends within group 2 of 2"},
+		{"a reply with an integer after its groups", first + second + reply(0), "8 bytes after its 2 groups"},
+	} {
+		splitReply(tc.reply, nil, false, parts)
+		for i, c := range calls {
+			if c.err == nil || !strings.Contains(c.err.Error(), tc.err) || c.reply != "" {
+				t.Errorf("%s: part %d: %q, %v; want no reply and an error with %q", tc.name, i+1, c.reply, c.err, tc.err)
+			}
 		}
 	}
 }

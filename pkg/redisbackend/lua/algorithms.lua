@@ -8,10 +8,13 @@ local algs = {[0] = sliding_window, [1] = fixed_window, [2] = token_bucket, [3] 
 
 -- parse_spec returns the parsed request spec "<alg> <window_ms> <limit>
 -- <capacity> <hits> <shadow>" as {module, window, limit, capacity, hits,
--- shadow, string_state (the module's, looked up once)}, or nil if it is
--- malformed or names an unknown algorithm. Parsing costs a pattern match and
--- five strtod calls, more than a limit's own arithmetic: it runs only when a
--- group's text is not in the cache below.
+-- shadow, string_state (the module's, looked up once), c, consume}, or nil
+-- if it is malformed or names an unknown algorithm. c and consume are what
+-- decide is given: the hits, or 1 for a check without consumption (hits 0),
+-- and whether the request consumes (hits > 0), worked out here once rather
+-- than for every request. Parsing costs a pattern match and five strtod
+-- calls, more than a limit's own arithmetic: it runs only when a group's
+-- text is not in the cache below.
 local function parse_spec(text)
   local a, w, l, cap, h, sh = string.match(text, '^(%d) (%d+) (%d+) (%d+) (%d+) ([01])$')
   if not a then
@@ -21,7 +24,12 @@ local function parse_spec(text)
   if not m then
     return nil
   end
-  return {m, tonumber(w), tonumber(l), tonumber(cap), tonumber(h), sh == '1', m.string_state == true}
+  h = tonumber(h)
+  local c = h
+  if h == 0 then
+    c = 1
+  end
+  return {m, tonumber(w), tonumber(l), tonumber(cap), h, sh == '1', m.string_state == true, c, h > 0}
 end
 
 -- groups caches parsed groups by their text, check.lua's ARGV[2..]:

@@ -30,16 +30,18 @@
 --
 -- Reply: one string of little-endian 64-bit integers (pack_ints in lib.lua),
 -- per group in order:
---   now (the clock the group was decided at), 1 if the group consumed (no
---   non-shadow request was denied) else 0, then per request, in order:
---   decision, reset_ms, retry_ms, and with alt = 1 also remaining0, reset0:
---   remaining and reset as they are without this group's consumption (the
---   Cluster driver needs them when another slot vetoed the batch and this
---   one is refunded). decision is remaining when the request was allowed
---   and -1 - remaining when it was denied: one integer for two, since each
---   integer of the reply costs struct.pack about 480 instructions. A denial
---   always has a retry_ms of at least 1 and an admission 0; the Go side
---   refuses a reply where they disagree.
+--   now (the clock the group was decided at), then per request, in order:
+--   decision, reset_ms, retry_ms only when the request was denied, and with
+--   alt = 1 also remaining0, reset0: remaining and reset as they are
+--   without this group's consumption (the Cluster driver needs them when
+--   another slot vetoed the batch and this one is refunded). decision is
+--   remaining when the request was allowed and -1 - remaining when it was
+--   denied: one integer for two. An admission's retry is 0, so it is left
+--   out, and whether the group consumed (no non-shadow request was denied)
+--   is not sent: the Go side knows it from the decisions and its requests'
+--   shadow flags. Each integer of the reply costs struct.pack about 470
+--   instructions (docs/performance.md, "A leaner reply"). A denial's
+--   retry_ms is at least 1; the Go side refuses a reply where it is not.
 --
 -- Semantics of a group (COMMON.md "Batches"): requests are decided in order;
 -- a request sees the tentative consumption of earlier requests on the same
@@ -116,47 +118,46 @@ if not alt and #ARGV == 2 and #KEYS <= lone_max then
       now = time_ms()
     end
     local veto = false
+    fo[1] = now
+    local x = 2 -- the next request's decision in fo
     for i = 1, n do
       local p = grp[i]
-      local m, w, h = p[1], p[2], p[5]
+      local m, w = p[1], p[2]
       local s, into = fs[i], fn[i]
       if not s then
         s, into = {0, 0, 0, 0}, {0, 0, 0, 0}
         fs[i], fn[i] = s, into
       end
       m.load(KEYS[i], w, now, vals[i], s)
-      local c = h
-      if h == 0 then
-        c = 1
-      end
-      local ok, rem, reset, retry = m.decide(s, now, w, p[3], p[4], c, h > 0, false, into)
-      if not ok and not p[6] then
-        veto = true
-      end
-      fw[i] = ok and h > 0
-      local j = 3 * i
+      local ok, rem, reset, retry = m.decide(s, now, w, p[3], p[4], p[8], p[9], false, into)
+      fw[i] = ok and p[9]
+      fo[x + 1] = reset
       if ok then
-        fo[j] = rem
+        fo[x] = rem
+        x = x + 2
       else
-        fo[j] = -1 - rem
+        if not p[6] then
+          veto = true
+        end
+        fo[x], fo[x + 2] = -1 - rem, retry
+        x = x + 3
       end
-      fo[j + 1], fo[j + 2] = reset, retry
     end
-    fo[1], fo[2] = now, 1
     if veto then
       -- As the general path: figures without consumption, on the stored
       -- state (which decide read but did not write).
-      fo[2] = 0
+      local y = 2
       for i = 1, n do
         local p = grp[i]
         local _, rem, reset = p[1].decide(fs[i], now, p[2], p[3], p[4], 1, false, true)
-        local j = 3 * i
-        if fo[j] >= 0 then
-          fo[j] = rem
+        fo[y + 1] = reset
+        if fo[y] >= 0 then
+          fo[y] = rem
+          y = y + 2
         else
-          fo[j] = -1 - rem
+          fo[y] = -1 - rem
+          y = y + 3
         end
-        fo[j + 1] = reset
       end
     else
       for i = 1, n do
@@ -166,7 +167,7 @@ if not alt and #ARGV == 2 and #KEYS <= lone_max then
         end
       end
     end
-    return pack_some(fo, 1, 2 + 3 * n)
+    return pack_some(fo, 1, x - 1)
   end
 end
 
@@ -264,7 +265,8 @@ if strings then
     g = g + 1
     local veto = false
     nt = 0
-    fo[o + 1], fo[o + 2] = now, 1
+    fo[o + 1] = now
+    local x = o + 2 -- the next request's decision in fo
     for i = 1, n do
       local p = grp[i]
       local m, w, k = p[1], p[2], k0 + i
@@ -303,37 +305,33 @@ if strings then
         m.load(key, w, now, vals[k], s)
         lsb0[k], lspec[k] = s[1], p
       end
-      local h = p[5]
-      local c = h
-      if h == 0 then
-        c = 1
-      end
       local into = lsc[j]
       if not into then
         into = {0, 0, 0, 0}
         lsc[j] = into
       end
-      local ok, rem, reset, retry = m.decide(s, now, w, p[3], p[4], c, h > 0, false, into)
-      local x = o + 3 * i
+      local ok, rem, reset, retry = m.decide(s, now, w, p[3], p[4], p[8], p[9], false, into)
+      fo[x + 1] = reset
       if ok then
-        if h > 0 and (j == k or ltag[j] ~= g) then
+        if p[9] and (j == k or ltag[j] ~= g) then
           ltag[j] = g
           nt = nt + 1
           ltouch[nt] = j
         end
         fo[x] = rem
+        x = x + 2
       else
-        fo[x] = -1 - rem
+        fo[x], fo[x + 2] = -1 - rem, retry
+        x = x + 3
         if not p[6] then
           veto = true
         end
       end
-      fo[x + 1], fo[x + 2] = reset, retry
     end
     if veto then
       -- Figures without consumption, on the state the group found, as the
       -- general path reports them.
-      fo[o + 2] = 0
+      local y = o + 2
       for i = 1, n do
         local p = grp[i]
         local key = KEYS[k0 + i]
@@ -349,13 +347,14 @@ if strings then
           j = pos[key]
         end
         local _, rem, reset = p[1].decide(lst[j], now, p[2], p[3], p[4], 1, false, true)
-        local x = o + 3 * i
-        if fo[x] >= 0 then
-          fo[x] = rem
+        fo[y + 1] = reset
+        if fo[y] >= 0 then
+          fo[y] = rem
+          y = y + 2
         else
-          fo[x] = -1 - rem
+          fo[y] = -1 - rem
+          y = y + 3
         end
-        fo[x + 1] = reset
       end
     elseif a == na then
       -- The last group's consumption is written from the scratch
@@ -373,7 +372,7 @@ if strings then
         lwnow[j] = now
       end
     end
-    o = o + 2 + 3 * n
+    o = x - 1
     a = a + 1
     k0 = k0 + n
   end
@@ -397,11 +396,10 @@ if strings then
 end
 
 local time_now = nil -- Redis TIME in ms, read at most once per call
--- The reply has 2 integers per group and stride per request: the groups
--- are the ARGV entries after ARGV[1]. Built in a
--- table of that size from the start (a table that grows is reallocated at
--- every power of two).
-local out = presized(2 * (#ARGV - 1) + stride * #KEYS)
+-- The reply has 1 integer per group and at most stride per request: the
+-- groups are the ARGV entries after ARGV[1]. Built in a table of that size
+-- from the start (a table that grows is reallocated at every power of two).
+local out = presized(#ARGV - 1 + stride * #KEYS)
 local o = 0 -- the last index written in out
 local a = 2 -- the index in ARGV of the next group header
 local k0 = 0 -- the index in KEYS before the next group's first key
@@ -522,36 +520,33 @@ while a <= #ARGV do
   end
 
   local veto = false
-  out[o + 1], out[o + 2] = now, 0
+  out[o + 1] = now
+  local x = o + 2 -- the next request's decision in out
   for i = 1, n do
     local p, f = grp[i], first[i]
-    local m, w, l, cap, h = p[1], p[2], p[3], p[4], p[5]
     local s = cur[f] or orig[f]
-    local c, consume = h, h > 0
-    if h == 0 then
-      c = 1
-    end
     local into = sst[f]
     if not into then
       into = {0, 0, 0, 0}
       sst[f] = into
     end
-    local ok, rem, reset, retry, ns = m.decide(s, now, w, l, cap, c, consume, false, into)
-    if ok and consume then
+    local ok, rem, reset, retry, ns = p[1].decide(s, now, p[2], p[3], p[4], p[8], p[9], false, into)
+    if ok and p[9] then
       cur[f] = ns
     end
-    if not ok and not p[6] then
-      veto = true
-    end
-    local j = o + 2 + (i - 1) * stride
+    out[x + 1] = reset
     if ok then
-      out[j + 1] = rem
+      out[x] = rem
+      x = x + 2
     else
-      out[j + 1] = -1 - rem
+      if not p[6] then
+        veto = true
+      end
+      out[x], out[x + 2] = -1 - rem, retry
+      x = x + 3
     end
-    out[j + 2], out[j + 3] = reset, retry
     if alt then
-      out[j + 4], out[j + 5] = rem, reset
+      x = x + 2 -- remaining0, reset0: written below
     end
   end
 
@@ -559,21 +554,27 @@ while a <= #ARGV do
     -- Figures without consumption: a check of one hit on the stored state.
     -- Its retry is dropped, so no_retry spares the algorithms whose retry
     -- is a search (sliding window, sliding log) the search.
+    local y = o + 2
     for i = 1, n do
       local p = grp[i]
       local _, rem, reset = p[1].decide(orig[first[i]], now, p[2], p[3], p[4], 1, false, true)
-      local j = o + 2 + (i - 1) * stride
+      local z = y + 2 -- after the decision and reset, and the retry if any
+      if out[y] < 0 then
+        z = z + 1
+      end
       if veto then
-        if out[j + 1] >= 0 then
-          out[j + 1] = rem
+        if out[y] >= 0 then
+          out[y] = rem
         else
-          out[j + 1] = -1 - rem
+          out[y] = -1 - rem
         end
-        out[j + 2] = reset
+        out[y + 1] = reset
       end
       if alt then
-        out[j + 4], out[j + 5] = rem, reset
+        out[z], out[z + 1] = rem, reset
+        z = z + 2
       end
+      y = z
     end
   end
 
@@ -596,10 +597,7 @@ while a <= #ARGV do
     end
     kslot[j] = false
   end
-  if not veto then
-    out[o + 2] = 1
-  end
-  o = o + 2 + n * stride
+  o = x - 1
   a = a + 1
   k0 = k0 + n
 end
@@ -611,4 +609,4 @@ for x = 1, nw do
   local p = wspec[j]
   p[1].store(ckey[j], p[2], st[j], sb0[j], wnow[j])
 end
-return pack_ints(out)
+return pack_ints(out, o)
