@@ -22,8 +22,8 @@ import (
 // Check has a deadline of 25 ms (Envoy's timeout), or, in
 // budgets=25ms+100ms, every other one 100 ms (two gateways with different
 // timeouts, whose Checks coalesce apart). The default is two sender slots;
-// senders=1 and senders=4 change that, spare-after=1ms sets
-// Options.SpareAfter. With calls of at least 3 ms, the calls keep up only
+// senders=1 and senders=4 change that, spare-after=250us and
+// spare-after=1ms set Options.SpareAfter. With calls of at least 3 ms, the calls keep up only
 // if each carries what arrived during the one before: a coalescer that kept
 // Checks of one budget apart by their arrival fell behind until Checks
 // expired in its queue. ns/op is the offered interval, not a speed. Run:
@@ -39,6 +39,7 @@ func BenchmarkCheckBehindLatency(b *testing.B) {
 		{"budgets=25ms+100ms", behindLatency{even: short, odd: long}},
 		{"senders=1", behindLatency{even: short, odd: short, senders: 1}},
 		{"senders=4", behindLatency{even: short, odd: short, senders: 4}},
+		{"spare-after=250us", behindLatency{even: short, odd: short, spareAfter: 250 * time.Microsecond}},
 		{"spare-after=1ms", behindLatency{even: short, odd: short, spareAfter: time.Millisecond}},
 	} {
 		b.Run(c.name, func(b *testing.B) { benchBehindLatency(b, c.o) })
