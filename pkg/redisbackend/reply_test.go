@@ -116,3 +116,73 @@ func TestSplitReply(t *testing.T) {
 		}
 	}
 }
+
+// FuzzDecodeReply: whatever bytes a reply holds, cutting it into two groups
+// of n requests and decoding them neither panics nor reads past it, a reply
+// that is cut holds its two parts exactly, and a part that decodes gives
+// each request what a plain walk of its integers finds there (decision,
+// reset, a denial's retry, with alt the two figures) and consumed exactly
+// when no request but a shadow one was denied.
+func FuzzDecodeReply(f *testing.F) {
+	f.Add(reply(1, 5, 100, -1-3, 50, 7)+reply(2, 0, 9, 1, 9), uint8(1), false, uint8(0))
+	f.Add(reply(1, 5, 100, -1-3, 50, 7)+reply(2, 0, 9, 1, 9), uint8(1), false, uint8(2)) // the denial a shadow request's
+	f.Add(reply(1, 0, 10, 1, 10, -1-9, 40, 15, 0, 20)+reply(2, 4, 5, 4, 5), uint8(0), true, uint8(2))
+	f.Add(reply(1, -1, 9, 2, -1, 9, 0)+reply(2, 5, 100, 3, 6, 7), uint8(1), false, uint8(1))
+	f.Fuzz(func(t *testing.T, v string, n uint8, alt bool, shadow uint8) {
+		per := int(n%4) + 1
+		calls := []*slotCall{{}, {}}
+		splitReply(v, nil, alt, []part{{call: calls[0], n: per}, {call: calls[1], n: per}})
+		if calls[0].err != nil {
+			if calls[1].err == nil || calls[0].reply != "" || calls[1].reply != "" {
+				t.Fatalf("a split that failed left a part: %q (%v), %q (%v)", calls[0].reply, calls[0].err, calls[1].reply, calls[1].err)
+			}
+			return
+		}
+		if calls[0].reply+calls[1].reply != v {
+			t.Fatalf("parts %q and %q are not the reply %q", calls[0].reply, calls[1].reply, v)
+		}
+		reqs := make([]limiter.Request, per)
+		for j := range reqs {
+			reqs[j].Shadow = shadow&(1<<j) != 0
+		}
+		for _, c := range calls {
+			res := make([]limiter.Result, per)
+			var figs []figures
+			if alt {
+				figs = make([]figures, per)
+			}
+			now, committed, err := decodeReply(c.reply, reqs, nil, res, figs)
+			if err != nil {
+				continue
+			}
+			x := func(off int) int64 { return int64(binary.LittleEndian.Uint64([]byte(c.reply[off : off+8]))) }
+			if now != x(0) {
+				t.Fatalf("clock %d, want %d", now, x(0))
+			}
+			off, consumed := 8, true
+			for j := range per {
+				d, reset := x(off), x(off+8)
+				off += 16
+				want := limiter.Result{Allowed: d >= 0, Remaining: uint64(d), ResetAfter: limiter.Millis(reset), Source: limiter.SourceStore}
+				if d < 0 {
+					want.Remaining = uint64(-1 - d)
+					want.RetryAfter = limiter.Millis(x(off))
+					off += 8
+					consumed = consumed && reqs[j].Shadow
+				}
+				if res[j] != want {
+					t.Fatalf("request %d of %q: %+v, want %+v", j, c.reply, res[j], want)
+				}
+				if alt {
+					if wantFig := (figures{remaining: uint64(x(off)), reset: limiter.Millis(x(off + 8))}); figs[j] != wantFig {
+						t.Fatalf("figures %d of %q: %+v, want %+v", j, c.reply, figs[j], wantFig)
+					}
+					off += 16
+				}
+			}
+			if off != len(c.reply) || committed != consumed {
+				t.Fatalf("%q: %d of %d bytes walked, committed %v, want %v", c.reply, off, len(c.reply), committed, consumed)
+			}
+		}
+	})
+}
