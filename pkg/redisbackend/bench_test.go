@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -152,9 +153,7 @@ func benchBackToBack(b *testing.B, mix func(i int) []limiter.Request) {
 	be := newSingle(b, r, DefaultKeyPrefix, nil)
 	const perCall, perPipeline, calls = 8, 8, 512
 	cmds := mixCalls(b, be, mix, perCall, calls, 100_000)
-	n := len(mix(0))
 	ctx := context.Background()
-	res := make([]limiter.Result, n)
 	c := r.Client()
 	send := func(first int) []redis.Cmder {
 		pipe := c.Pipeline()
@@ -177,25 +176,18 @@ func benchBackToBack(b *testing.B, mix func(i int) []limiter.Request) {
 		i += perPipeline
 	}
 	b.ReportMetric(float64((r.CPU(b)-cpu).Microseconds())/float64(b.N*perPipeline*perCall), "redis-cpu-µs/check")
-	// The calls decided what they were meant to: every Check admitted.
-	reqs := mix(0) // a Check's requests differ from another's in their keys alone
+	// The calls decided what they were meant to: every Check admitted (a
+	// Check's requests differ from another's in their keys alone).
+	groups := slices.Repeat([][]limiter.Request{mix(0)}, perCall)
 	for _, cmd := range send(0) {
 		v, err := cmd.(*redis.Cmd).Text()
 		if err != nil {
 			b.Fatalf("call: %v", err)
 		}
-		for g := range perCall {
-			k, ok := groupReplyLen(v, n, false)
-			if !ok {
-				b.Fatalf("reply ends within Check %d of a call", g)
+		for g, gr := range decodeGroups(b, v, groups) {
+			if !gr.committed {
+				b.Fatalf("Check %d of a call did not consume: %+v", g+1, gr.res)
 			}
-			if _, committed, err := decodeReply(v[:k], reqs, nil, res, nil); err != nil || !committed {
-				b.Fatalf("Check %d of a call: committed %v, err %v", g, committed, err)
-			}
-			v = v[k:]
-		}
-		if v != "" {
-			b.Fatalf("%d bytes of reply left after the call's Checks", len(v))
 		}
 	}
 }
@@ -261,18 +253,20 @@ func mixCalls(b *testing.B, be *Backend, mix func(i int) []limiter.Request, perC
 	rng := rand.New(rand.NewPCG(1, 2))
 	cmds := make([][]any, calls)
 	for c := range cmds {
-		var keys []any
-		argv := []any{"0 0"}
-		for range perCall {
-			ks, as := encodeGroups(be, mix(rng.IntN(indexes)))
-			for _, k := range ks {
-				keys = append(keys, k)
-			}
-			for _, a := range as {
-				argv = append(argv, a)
-			}
+		groups := make([][]limiter.Request, perCall)
+		for g := range groups {
+			groups[g] = mix(rng.IntN(indexes))
 		}
-		cmds[c] = append(append([]any{"fcall", be.scripts.checkFn, len(keys)}, keys...), argv...)
+		keys, argv := encodeGroups(be, groups...)
+		cmd := []any{"fcall", be.scripts.checkFn, len(keys)}
+		for _, k := range keys {
+			cmd = append(cmd, k)
+		}
+		cmd = append(cmd, "0 0")
+		for _, a := range argv {
+			cmd = append(cmd, a)
+		}
+		cmds[c] = cmd
 	}
 	return cmds
 }

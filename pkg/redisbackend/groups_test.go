@@ -246,7 +246,7 @@ type groupReply struct {
 // decodeGroups splits v, the reply of one call of check.lua carrying groups
 // (without the Cluster's figures), into the groups' parts and decodes each;
 // a reply of another length fails the test.
-func decodeGroups(t *testing.T, v string, groups [][]limiter.Request) []groupReply {
+func decodeGroups(t testing.TB, v string, groups [][]limiter.Request) []groupReply {
 	t.Helper()
 	out := make([]groupReply, len(groups))
 	for i, reqs := range groups {

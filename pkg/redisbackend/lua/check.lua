@@ -150,14 +150,7 @@ if not alt and #ARGV == 2 and #KEYS <= lone_max then
       for i = 1, n do
         local p = grp[i]
         local _, rem, reset = p[1].decide(fs[i], now, p[2], p[3], p[4], 1, false, true)
-        fo[y + 1] = reset
-        if fo[y] >= 0 then
-          fo[y] = rem
-          y = y + 2
-        else
-          fo[y] = -1 - rem
-          y = y + 3
-        end
+        y = refigure(fo, y, rem, reset)
       end
     else
       for i = 1, n do
@@ -347,14 +340,7 @@ if strings then
           j = pos[key]
         end
         local _, rem, reset = p[1].decide(lst[j], now, p[2], p[3], p[4], 1, false, true)
-        fo[y + 1] = reset
-        if fo[y] >= 0 then
-          fo[y] = rem
-          y = y + 2
-        else
-          fo[y] = -1 - rem
-          y = y + 3
-        end
+        y = refigure(fo, y, rem, reset)
       end
     elseif a == na then
       -- The last group's consumption is written from the scratch
@@ -559,16 +545,10 @@ while a <= #ARGV do
       local p = grp[i]
       local _, rem, reset = p[1].decide(orig[first[i]], now, p[2], p[3], p[4], 1, false, true)
       local z = y + 2 -- after the decision and reset, and the retry if any
-      if out[y] < 0 then
-        z = z + 1
-      end
       if veto then
-        if out[y] >= 0 then
-          out[y] = rem
-        else
-          out[y] = -1 - rem
-        end
-        out[y + 1] = reset
+        z = refigure(out, y, rem, reset)
+      elseif out[y] < 0 then
+        z = z + 1
       end
       if alt then
         out[z], out[z + 1] = rem, reset

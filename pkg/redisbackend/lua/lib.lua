@@ -74,6 +74,22 @@ local function pack_ints(t, n)
   return table.concat(parts)
 end
 
+-- refigure rewrites a request's part of check.lua's reply in t, its
+-- decision at t[y] and its reset after it, with the remaining rem and reset
+-- of the figures without consumption, keeping the decision's sign (a
+-- denial stays one and keeps its retry), and returns the index after the
+-- part. Only a vetoed group's requests are rewritten: a function call is
+-- affordable there.
+local function refigure(t, y, rem, reset)
+  t[y + 1] = reset
+  if t[y] >= 0 then
+    t[y] = rem
+    return y + 2
+  end
+  t[y] = -1 - rem
+  return y + 3
+end
+
 -- idiv returns floor(a/b) for integers a >= 0, b > 0.
 local function idiv(a, b)
   local q = floor(a / b)
