@@ -143,6 +143,15 @@
 #                    out the pairs of runs in which the hypervisor took this
 #                    percentage or more of the machine's CPU time (default
 #                    10; 0 keeps every pair)
+#   BENCH_RETRY_STEAL  run a scenario's runs of a round again (the servers'
+#                    runs back to back, or a do-nothing run) while one of
+#                    them lost this percentage or more of the machine's CPU
+#                    time to steal, up to BENCH_RETRIES times, and keep the
+#                    calmest attempt: the one whose noisiest run lost least
+#                    (default unset: never; a run takes up to 1 + BENCH_RETRIES
+#                    times as long). On a shared VM whose steal comes and goes,
+#                    BENCH_RETRY_STEAL=10 makes a table of calm rounds
+#   BENCH_RETRIES    attempts after the first for BENCH_RETRY_STEAL (default 2)
 #
 # The servers of one scenario (envoy-rls, B, the incumbent) run back to back,
 # and the one that goes first turns round by round, so each goes first as
@@ -183,6 +192,8 @@ BENCH_B_ARGS="${BENCH_B_ARGS:-}"
 BENCH_B_ENV="${BENCH_B_ENV:-}"
 BENCH_B_REV="${BENCH_B_REV:-}"
 BENCH_MAX_STEAL="${BENCH_MAX_STEAL:-10}"
+BENCH_RETRY_STEAL="${BENCH_RETRY_STEAL:-}"
+BENCH_RETRIES="${BENCH_RETRIES:-2}"
 case "$BENCH_REDIS" in
 single | unix | tls | cluster) ;;
 *)
@@ -192,6 +203,14 @@ single | unix | tls | cluster) ;;
 esac
 [[ "$BENCH_MAX_STEAL" =~ ^(100(\.0+)?|[0-9]{1,2}(\.[0-9]+)?)$ ]] || {
 	printf 'bench: BENCH_MAX_STEAL=%s: want a percentage from 0 to 100\n' "$BENCH_MAX_STEAL" >&2
+	exit 2
+}
+[[ -z "$BENCH_RETRY_STEAL" || "$BENCH_RETRY_STEAL" =~ ^(100(\.0+)?|[0-9]{1,2}(\.[0-9]+)?)$ ]] || {
+	printf 'bench: BENCH_RETRY_STEAL=%s: want a percentage from 0 to 100, or nothing\n' "$BENCH_RETRY_STEAL" >&2
+	exit 2
+}
+[[ "$BENCH_RETRIES" =~ ^[0-9]{1,2}$ ]] || {
+	printf 'bench: BENCH_RETRIES=%s: want a number of attempts from 0 to 99\n' "$BENCH_RETRIES" >&2
 	exit 2
 }
 case "$BENCH_GRPC" in
@@ -666,40 +685,83 @@ in_turn() {
 rls_only() { in_turn a ${RLSB_PID:+b} -- "$@"; }
 rls() { in_turn a ${RLSB_PID:+b} ${INC_BIN:+inc} -- "$@"; }
 
+# below A B: the number A is less than B.
+below() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a + 0 < b + 0) }'; }
+
+# noisiest FILE: the largest share of the machine's CPU time that steal took
+# during a run of FILE (rls-bench's "machine" figures; 0 without them).
+noisiest() {
+	local s
+	s="$(grep -o '"steal_pct":[0-9.eE+-]*' "$1" | cut -d: -f2 | sort -g | tail -n 1)"
+	printf '%s\n' "${s:-0}"
+}
+
+# calm CMD...: runs CMD, one scenario's runs of a round, whose results go to
+# RESULTS. With BENCH_RETRY_STEAL, while one of its runs lost that
+# percentage or more of the machine to steal, it runs CMD again, up to
+# BENCH_RETRIES times, and keeps the results of the calmest attempt (the
+# one whose noisiest run lost least; the first of equals); the others are
+# dropped, so a row still has one result a round.
+calm() {
+	if [ -z "$BENCH_RETRY_STEAL" ]; then
+		"$@"
+		return
+	fi
+	local main="$RESULTS" RESULTS try best=0 least steal
+	for ((try = 0; ; try++)); do
+		RESULTS="$TMP/attempt.$try.jsonl"
+		: >"$RESULTS"
+		"$@"
+		steal="$(noisiest "$RESULTS")"
+		if ((try == 0)) || below "$steal" "$least"; then
+			best=$try
+			least=$steal
+		fi
+		if below "$steal" "$BENCH_RETRY_STEAL" || ((try >= BENCH_RETRIES)); then
+			break
+		fi
+		log "round $round: a run lost ${steal}% to steal (BENCH_RETRY_STEAL=$BENCH_RETRY_STEAL): again, attempt $((try + 2)) of $((BENCH_RETRIES + 1))"
+	done
+	if ((try > 0)); then
+		log "round $round: kept attempt $((best + 1)) of $((try + 1)), whose noisiest run lost ${least}% to steal"
+	fi
+	cat "$TMP/attempt.$best.jsonl" >>"$main"
+}
+
 THREE=(--descriptor 'remote_address=10.{i}' --descriptor 'tenant=t{i%100},user=u{i}' --descriptor 'route=/api/r{i%20}')
 FOUR=(--descriptor 'remote_address=10.{i}' --descriptor 'plan=p{i%10},user=u{i}' --descriptor 'route=/api/r{i%20}')
 
 for round in $(seq 1 "$BENCH_REPEAT"); do
 	for c in $BENCH_CALLERS; do
 		if want ceiling; then
-			bench "do-nothing" --addr "$NOOP_ADDR" --is-ceiling --concurrency "$c" \
+			calm bench "do-nothing" --addr "$NOOP_ADDR" --is-ceiling --concurrency "$c" \
 				--descriptor 'remote_address=10.{i}' --cpu "rls=$NOOP_PID"
-			bench "do-nothing, 3 desc" --addr "$NOOP_ADDR" --is-ceiling --concurrency "$c" \
+			calm bench "do-nothing, 3 desc" --addr "$NOOP_ADDR" --is-ceiling --concurrency "$c" \
 				"${THREE[@]}" --cardinality 100000 --cpu "rls=$NOOP_PID"
 		fi
 		if want one-key; then
-			rls "1 key" --domain bench --concurrency "$c" --descriptor 'remote_address=10.0.0.1'
+			calm rls "1 key" --domain bench --concurrency "$c" --descriptor 'remote_address=10.0.0.1'
 		fi
 		if want many-keys; then
-			rls "100k keys" --domain bench --concurrency "$c" --descriptor 'remote_address=10.{i}' --cardinality 100000
+			calm rls "100k keys" --domain bench --concurrency "$c" --descriptor 'remote_address=10.{i}' --cardinality 100000
 		fi
 		if want three-desc; then
-			rls "3 desc, 100k" --domain bench --concurrency "$c" "${THREE[@]}" --cardinality 100000
+			calm rls "3 desc, 100k" --domain bench --concurrency "$c" "${THREE[@]}" --cardinality 100000
 		fi
 		if want three-desc-fixed; then
-			rls_only "3 desc fixed, 100k" --domain bench_fixed --concurrency "$c" "${THREE[@]}" --cardinality 100000
+			calm rls_only "3 desc fixed, 100k" --domain bench_fixed --concurrency "$c" "${THREE[@]}" --cardinality 100000
 		fi
 		if want four-limits; then
-			rls_only "4 limits, 100k" --domain bench4 --concurrency "$c" "${FOUR[@]}" --cardinality 100000
+			calm rls_only "4 limits, 100k" --domain bench4 --concurrency "$c" "${FOUR[@]}" --cardinality 100000
 		fi
 		if want hot-key; then
-			rls "hot key (over)" --domain bench --concurrency "$c" --descriptor 'hot=1'
+			calm rls "hot key (over)" --domain bench --concurrency "$c" --descriptor 'hot=1'
 		fi
 	done
 	if want open-loop; then
-		bench "do-nothing, open" --addr "$NOOP_ADDR" --rate "$BENCH_RATE" --concurrency "$BENCH_OPEN_CALLERS" \
+		calm bench "do-nothing, open" --addr "$NOOP_ADDR" --rate "$BENCH_RATE" --concurrency "$BENCH_OPEN_CALLERS" \
 			"${THREE[@]}" --cardinality 100000 --cpu "rls=$NOOP_PID"
-		rls "open loop, 3 desc" --domain bench --rate "$BENCH_RATE" --concurrency "$BENCH_OPEN_CALLERS" "${THREE[@]}" --cardinality 100000
+		calm rls "open loop, 3 desc" --domain bench --rate "$BENCH_RATE" --concurrency "$BENCH_OPEN_CALLERS" "${THREE[@]}" --cardinality 100000
 	fi
 done
 

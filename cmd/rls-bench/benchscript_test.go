@@ -237,6 +237,54 @@ func TestMakeBenchB(t *testing.T) {
 }
 
 // row is a scenario at a number of callers.
+// TestMakeBenchRetrySteal: with BENCH_RETRY_STEAL a scenario's runs of a
+// round are made again while one of them lost that share of the machine to
+// steal, and only the calmest attempt's results are kept. At 0 every attempt
+// is noisy enough (steal >= 0), so with BENCH_RETRIES=1 each group runs
+// twice: the log says so, every row still has one result (runBench), and
+// the attempt the log says it kept is the one whose noisiest run lost least,
+// which is what the kept results carry.
+func TestMakeBenchRetrySteal(t *testing.T) {
+	want := []row{{"do-nothing", 4}, {"do-nothing, 3 desc", 4}, {"1 key", 4}}
+	_, stderr, rs := runBench(t, want, "BENCH_RETRY_STEAL=0", "BENCH_RETRIES=1", "BENCH_CALLERS=4",
+		"BENCH_SCENARIOS=ceiling one-key")
+	again := regexp.MustCompile(`round 1: a run lost ([0-9.eE+-]+)% to steal \(BENCH_RETRY_STEAL=0\): again, attempt 2 of 2`)
+	kept := regexp.MustCompile(`round 1: kept attempt ([12]) of 2, whose noisiest run lost ([0-9.eE+-]+)% to steal`)
+	firsts, keeps := again.FindAllStringSubmatch(stderr, -1), kept.FindAllStringSubmatch(stderr, -1)
+	if len(firsts) != len(want) || len(keeps) != len(want) {
+		t.Fatalf("%d retries and %d kept attempts logged, want %d of each (one a scenario):\n%s", len(firsts), len(keeps), len(want), stderr)
+	}
+	for i, k := range want {
+		if n := strings.Count(stderr, "run 1/1: "+k.label+"\n"); n != 2 {
+			t.Errorf("%q ran %d times, want 2 (an attempt and a retry)", k.label, n)
+		}
+		// The groups run in want's order, one run each.
+		first, err := strconv.ParseFloat(firsts[i][1], 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		least, err := strconv.ParseFloat(keeps[i][2], 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if least > first || (keeps[i][1] == "1" && least != first) {
+			t.Errorf("%q: kept attempt %s at %v%% steal, the first lost %v%%: not the calmest", k.label, keeps[i][1], least, first)
+		}
+		var r *bench.Result
+		for _, x := range rs {
+			if x.Label == k.label {
+				r = x
+			}
+		}
+		if r == nil || r.Machine == nil {
+			t.Fatalf("%q: no result with the machine's figures", k.label)
+		}
+		if r.Machine.StealPct != least {
+			t.Errorf("%q: the kept result lost %v%% to steal, the log says %v%%", k.label, r.Machine.StealPct, least)
+		}
+	}
+}
+
 type row struct {
 	label   string
 	callers int
@@ -408,6 +456,8 @@ func TestMakeBenchRefusals(t *testing.T) {
 	}{
 		{[]string{"BENCH_MAX_STEAL=ten"}, "BENCH_MAX_STEAL=ten: want a percentage from 0 to 100"},
 		{[]string{"BENCH_MAX_STEAL=100.5"}, "BENCH_MAX_STEAL=100.5: want a percentage"},
+		{[]string{"BENCH_RETRY_STEAL=ten"}, "BENCH_RETRY_STEAL=ten: want a percentage from 0 to 100, or nothing"},
+		{[]string{"BENCH_RETRIES=-1"}, "BENCH_RETRIES=-1: want a number of attempts from 0 to 99"},
 		{[]string{"BENCH_B_ARGS=--redis.senders 1", "BENCH_SCENARIOS=ceiling"}, `BENCH_SCENARIOS="ceiling" has no scenario that runs envoy-rls`},
 		{[]string{"BENCH_B_REV=no-such-revision", "BENCH_SCENARIOS=one-key"}, "BENCH_B_REV=no-such-revision: not a commit of this repository"},
 	} {
