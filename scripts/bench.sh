@@ -696,6 +696,9 @@ noisiest() {
 	printf '%s\n' "${s:-0}"
 }
 
+# pct X: the percentage X to one decimal, for the log.
+pct() { awk -v x="$1" 'BEGIN { printf "%.1f%%", x }'; }
+
 # calm CMD...: runs CMD, one scenario's runs of a round, whose results go to
 # RESULTS. With BENCH_RETRY_STEAL, while one of its runs lost that
 # percentage or more of the machine to steal, it runs CMD again, up to
@@ -720,10 +723,10 @@ calm() {
 		if below "$steal" "$BENCH_RETRY_STEAL" || ((try >= BENCH_RETRIES)); then
 			break
 		fi
-		log "round $round: a run lost ${steal}% to steal (BENCH_RETRY_STEAL=$BENCH_RETRY_STEAL): again, attempt $((try + 2)) of $((BENCH_RETRIES + 1))"
+		log "round $round: a run lost $(pct "$steal") to steal (BENCH_RETRY_STEAL=$BENCH_RETRY_STEAL): again, attempt $((try + 2)) of $((BENCH_RETRIES + 1))"
 	done
 	if ((try > 0)); then
-		log "round $round: kept attempt $((best + 1)) of $((try + 1)), whose noisiest run lost ${least}% to steal"
+		log "round $round: kept attempt $((best + 1)) of $((try + 1)), whose noisiest run lost $(pct "$least") to steal"
 	fi
 	cat "$TMP/attempt.$best.jsonl" >>"$main"
 }
