@@ -236,7 +236,6 @@ func TestMakeBenchB(t *testing.T) {
 	}
 }
 
-// row is a scenario at a number of callers.
 // TestMakeBenchRetrySteal: with BENCH_RETRY_STEAL a scenario's runs of a
 // round are made again while one of them lost that share of the machine to
 // steal, and only the calmest attempt's results are kept. At 0 every attempt
@@ -285,6 +284,7 @@ func TestMakeBenchRetrySteal(t *testing.T) {
 	}
 }
 
+// row is a scenario at a number of callers.
 type row struct {
 	label   string
 	callers int
