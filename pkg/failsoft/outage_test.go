@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -243,7 +242,7 @@ func runOutage(t *testing.T, f fault) {
 	if err := r.Client().Ping(context.Background()).Err(); err != nil {
 		t.Fatalf("ping %s: %v", r.Addr, err)
 	}
-	base := runtime.NumGoroutine()
+	base, _ := ownGoroutines()
 
 	rb, err := redisbackend.New(redisbackend.Options{URL: "redis://" + addr, PoolSize: poolSize})
 	if err != nil {
