@@ -393,8 +393,12 @@ func runBench(t *testing.T, want []row, env ...string) (stdoutText, stderrText s
 		if r.OK != r.Requests {
 			t.Errorf("%q at %d callers: %d of %d OK, want all (the bench limits are huge)", k.label, k.callers, r.OK, r.Requests)
 		}
-		if m := r.Machine; m == nil || m.BusyPct <= 0 || m.StealPct < 0 || math.Abs(m.BusyPct+m.IdlePct+m.StealPct-100) > 1e-6 {
-			t.Errorf("%q at %d callers: machine CPU %+v, want shares of /proc/stat's ticks that add up to 100%%, some busy", k.label, k.callers, m)
+		// A closed loop keeps the cores busy; an open loop of 0.3 s at
+		// BENCH_RATE can fall between the kernel's 10 ms ticks (it once
+		// read 0% busy), so there the shares need only add up.
+		if m := r.Machine; m == nil || (m.BusyPct <= 0 && r.Mode == "closed") || m.BusyPct < 0 || m.StealPct < 0 ||
+			math.Abs(m.BusyPct+m.IdlePct+m.StealPct-100) > 1e-6 {
+			t.Errorf("%q at %d callers: machine CPU %+v, want shares of /proc/stat's ticks that add up to 100%%, some busy in a closed loop", k.label, k.callers, m)
 		}
 		if isNoop {
 			continue
