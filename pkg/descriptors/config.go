@@ -299,14 +299,15 @@ func readDirFrom(dir, gen string) (files []srcFile, own int, err error) {
 			}
 			continue
 		}
-		if ext := filepath.Ext(src.name); ext != ".yaml" && ext != ".yml" {
-			continue
-		}
 		fi, err := os.Stat(src.from) // follows symlinks
 		if err != nil {
 			return nil, 0, fmt.Errorf("descriptors: %w", err)
 		}
 		if !fi.Mode().IsRegular() {
+			continue
+		}
+		if !isYAMLName(src.name) {
+			files = append(files, srcFile{name: filepath.Join(dir, src.name), other: true})
 			continue
 		}
 		data, err := os.ReadFile(src.from)
@@ -325,6 +326,13 @@ func readDirFrom(dir, gen string) (files []srcFile, own int, err error) {
 	return files, own, nil
 }
 
+// isYAMLName reports whether a file's name ends in .yaml or .yml, in any
+// case.
+func isYAMLName(name string) bool {
+	ext := filepath.Ext(name)
+	return strings.EqualFold(ext, ".yaml") || strings.EqualFold(ext, ".yml")
+}
+
 // holdsYAML reports whether folder dir, or a folder below it, holds a
 // *.yaml or *.yml file (names starting with "." left out).
 func holdsYAML(dir string) bool {
@@ -338,7 +346,7 @@ func holdsYAML(dir string) bool {
 				return filepath.SkipDir
 			}
 			return nil
-		case !d.IsDir() && (filepath.Ext(path) == ".yaml" || filepath.Ext(path) == ".yml"):
+		case !d.IsDir() && isYAMLName(path):
 			found = true
 			return filepath.SkipAll
 		}

@@ -41,13 +41,15 @@ var badCases = []struct{ file, at, msg string }{
 	{"empty_domain", "1:9", "domain is empty"},
 	{"empty_file", "1:1", "file is empty"},
 	{"empty_key", "3:10", "key is empty"},
-	{"invalid_syntax", "3", "invalid YAML: did not find expected ',' or '}'"},
+	{"control_character", "4:13", "invalid YAML: control characters are not allowed"},
+	{"invalid_syntax", "4", "invalid YAML: did not find expected ',' or '}'"},
 	{"key_list", "3:10", "key must be a string, got a list"},
 	{"key_mapping", "3:10", "key must be a string, got a mapping"},
 	{"many_errors", "5:24", `unknown unit "fortnight"`},
 	{"missing_domain", "1:1", "missing domain"},
 	{"missing_key", "3:5", "descriptor has no key"},
 	{"no_unit_no_window", "5:7", "rate_limit needs a unit (second, minute, hour, day, week, month, year) or a window"},
+	{"not_utf8", "4:15", "invalid YAML: incomplete UTF-8 octet sequence"},
 	{"nonstring_mapping_key", "4:7", "mapping keys must be strings, got a list"},
 	{"rate_limit_and_rate_limits", "5:5", "rate_limit and rate_limits are mutually exclusive"},
 	{"rate_limit_not_mapping", "4:17", `rate_limit must be a mapping with unit and requests_per_unit, got the string "10/second"`},
@@ -77,6 +79,8 @@ var badCases = []struct{ file, at, msg string }{
 	{"window_negative", "5:15", "window must be positive, got -1m"},
 	{"window_not_duration", "5:15", `window "60" is not a duration`},
 	{"window_not_whole_ms", "5:15", "window 1500us is not a whole number of milliseconds"},
+	{"yaml_bad_indent", "3", "invalid YAML: did not find expected '-' indicator"},
+	{"yaml_error_first_line", "1", "invalid YAML: mapping values are not allowed in this context"},
 	{"window_too_many", "6:26", "2251799813685248 requests per window is more than sliding_window counts exactly (2251799813685247, 2^51−1)"},
 	{"window_zero", "5:15", "window must be positive, got 0s"},
 }
@@ -138,6 +142,11 @@ var warnCases = []struct {
 			t.Errorf("the first key counted, not the last")
 		}
 	}},
+	{"empty_name", "4:24", "name is empty: the limit has no name, as if name were absent", func(t *testing.T, cfg *Config) {
+		if r := cfg.Match("edge", []Entry{{"user", "u"}}); r == nil || len(r.Limits) != 1 || r.Limits[0].Named {
+			t.Errorf("rule %+v: want one unnamed limit", r)
+		}
+	}},
 	{"misplaced_shadow_mode", "7:7", `key "shadow_mode" is ignored in rate_limit, as envoyproxy/ratelimit ignores it: it belongs in a descriptor`, func(t *testing.T, cfg *Config) {
 		if r := cfg.Match("edge", []Entry{{"path", "/x"}}); r == nil || r.ShadowMode {
 			t.Errorf("rule %+v: want a rule not in shadow mode", r)
@@ -152,6 +161,16 @@ var warnCases = []struct {
 	{"second_document", "4:1", "a second YAML document is ignored", func(t *testing.T, cfg *Config) {
 		if d := cfg.Domains(); len(d) != 1 || d[0].Domain != "edge" {
 			t.Errorf("domains %+v: want edge alone", d)
+		}
+	}},
+	{"second_document_not_yaml", "6", "what follows the first YAML document is ignored, as envoyproxy/ratelimit ignores it, and is not YAML", func(t *testing.T, cfg *Config) {
+		if r := cfg.Match("edge", []Entry{{"user", "u"}}); r == nil || r.Limits[0].Limit.Requests != 5 {
+			t.Errorf("rule %+v: want the first document's", r)
+		}
+	}},
+	{"unlimited_with_empty_unit", "6:7", `unit "" is ignored: the limit is unlimited`, func(t *testing.T, cfg *Config) {
+		if r := cfg.Match("internal", []Entry{{"ldap", "x"}}); r == nil || !r.Unlimited {
+			t.Errorf("rule %+v: want unlimited", r)
 		}
 	}},
 	{"unlimited_with_requests", "6:7", "requests_per_unit is ignored: the limit is unlimited", func(t *testing.T, cfg *Config) {
@@ -891,5 +910,40 @@ func TestSubfolderWarned(t *testing.T) {
 	write(t, filepath.Join(only, "sub"), "x.yaml", "domain: x\n")
 	if _, err := Load(only, Options{}); err == nil || !strings.Contains(err.Error(), "no configuration files") {
 		t.Errorf("folder with a subfolder only: %v", err)
+	}
+}
+
+// TestOtherFilesWarned checks that a file named .YAML or .Yml is read like
+// .yaml, and that another file (a ConfigMap key without an extension, a
+// note) is not read but warned about, since envoyproxy/ratelimit reads
+// every file of its folder; a hidden file is neither.
+func TestOtherFilesWarned(t *testing.T) {
+	dir := t.TempDir()
+	rule := "descriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"
+	write(t, dir, "a.yaml", "domain: a\n"+rule)
+	write(t, dir, "b.YAML", "domain: b\n"+rule)
+	write(t, dir, "c.Yml", "domain: c\n"+rule)
+	write(t, dir, "ratelimit", "domain: legacy\n"+rule)
+	write(t, dir, ".notes", "x")
+	cfg, err := Load(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var domains []string
+	for _, d := range cfg.Domains() {
+		domains = append(domains, d.Domain)
+	}
+	if !slices.Equal(domains, []string{"a", "b", "c"}) {
+		t.Errorf("domains %v, want a, b and c", domains)
+	}
+	ws := cfg.Warnings()
+	if len(ws) != 1 || ws[0].Pos.File != filepath.Join(dir, "ratelimit") || !strings.Contains(ws[0].Msg, "file not read") {
+		t.Errorf("warnings %v, want one for ratelimit", ws)
+	}
+	// A folder of other files alone holds no configuration.
+	only := t.TempDir()
+	write(t, only, "ratelimit", "domain: legacy\n"+rule)
+	if _, err := Load(only, Options{}); err == nil || !strings.Contains(err.Error(), "no configuration files") {
+		t.Errorf("folder of other files only: %v", err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
 
@@ -39,6 +40,9 @@ type srcFile struct {
 	// folder: a subfolder of the configuration folder that holds YAML
 	// files, which are not read; compile warns about it.
 	folder bool
+	// other: a file whose name does not end in .yaml or .yml, which is not
+	// read; compile warns about it.
+	other bool
 }
 
 // unitWindow returns the window of a rate_limit unit (lower case). Month
@@ -151,6 +155,10 @@ func compile(files []srcFile, opts Options) (*Config, error) {
 			c.warnf(Position{File: f.name}, "folder not read: envoy-rls reads the *.yaml and *.yml files directly in the configuration folder, not in its subfolders (envoyproxy/ratelimit reads those too): move its files up")
 			continue
 		}
+		if f.other {
+			c.warnf(Position{File: f.name}, "file not read: envoy-rls reads the files whose names end in .yaml or .yml (envoyproxy/ratelimit reads every file): rename it if it holds descriptors")
+			continue
+		}
 		c.file(f)
 	}
 	for _, d := range c.order {
@@ -175,16 +183,80 @@ func compile(files []srcFile, opts Options) (*Config, error) {
 
 var yamlLineRE = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
 
-// yamlError converts an error of the YAML parser into an Error at the line
-// it names (the parser reports no column).
-func (c *compiler) yamlError(err error) {
-	pos := Position{File: c.fileName}
-	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+// yamlParserProblems are the messages of yaml.v3's parser (parserc.go), as
+// against its scanner's and its reader's: for these it reports the line of
+// its mark 0-based (v3.0.1, decode.go's fail adds 1 for the scanner only).
+var yamlParserProblems = []string{
+	"did not find expected",
+	"found duplicate %YAML directive",
+	"found duplicate %TAG directive",
+	"found incompatible YAML document",
+	"found undefined tag handle",
+}
+
+// yamlReaderProblems are the messages of yaml.v3's reader (readerc.go),
+// which names no line at all: the input is not UTF-8 text YAML allows.
+var yamlReaderProblems = []string{
+	"invalid leading UTF-8 octet",
+	"invalid trailing UTF-8 octet",
+	"incomplete UTF-8 octet sequence",
+	"invalid length of a UTF-8 sequence",
+	"invalid Unicode character",
+	"control characters are not allowed",
+}
+
+// yamlPosition is where in data the YAML error err is: yaml.v3 gives a
+// line at most (no column), 0-based for a parser's error and none at all
+// when it is the first line, and none for a reader's error, whose byte is
+// found here. The message is err's without its "yaml: line N:".
+func yamlPosition(err error, data []byte) (line, col int, msg string) {
+	msg = strings.TrimPrefix(err.Error(), "yaml: ")
 	if m := yamlLineRE.FindStringSubmatch(err.Error()); m != nil {
-		pos.Line, _ = strconv.Atoi(m[1])
+		line, _ = strconv.Atoi(m[1])
 		msg = m[2]
 	}
-	c.errorf(pos, "invalid YAML: %s", msg)
+	has := func(problems []string) bool {
+		return slices.ContainsFunc(problems, func(p string) bool { return strings.HasPrefix(msg, p) })
+	}
+	switch {
+	case has(yamlReaderProblems):
+		line, col = badTextAt(data)
+		return line, col, msg
+	case has(yamlParserProblems):
+		return line + 1, 0, msg
+	case line == 0 && !strings.HasPrefix(msg, "unmarshal errors"):
+		return 1, 0, msg // a scanner's error on the first line
+	}
+	return line, 0, msg
+}
+
+// badTextAt returns the line and column (in bytes, 1-based) of the first
+// byte of data that is not UTF-8 or is a character YAML does not allow
+// (YAML 1.2 §5.1: tab, line breaks and the printable characters), and
+// 0, 0 when there is none.
+func badTextAt(data []byte) (line, col int) {
+	line, start := 1, 0
+	for i := 0; i < len(data); {
+		r, n := utf8.DecodeRune(data[i:])
+		switch {
+		case r == utf8.RuneError && n <= 1,
+			r < 0x20 && r != '\t' && r != '\n' && r != '\r',
+			r >= 0x7F && r < 0xA0 && r != 0x85,
+			r == 0xFFFE || r == 0xFFFF:
+			return line, i - start + 1
+		case r == '\n':
+			line, start = line+1, i+1
+		}
+		i += n
+	}
+	return 0, 0
+}
+
+// yamlError converts an error of the YAML parser reading data into an
+// Error at the line (and for a bad byte the column) it is at.
+func (c *compiler) yamlError(err error, data []byte) {
+	line, col, msg := yamlPosition(err, data)
+	c.errorf(Position{File: c.fileName, Line: line, Column: col}, "invalid YAML: %s", msg)
 }
 
 func (c *compiler) file(f srcFile) {
@@ -196,7 +268,7 @@ func (c *compiler) file(f srcFile) {
 			c.errorf(Position{File: f.name, Line: 1, Column: 1}, "file is empty: want a mapping with domain and descriptors")
 			return
 		}
-		c.yamlError(err)
+		c.yamlError(err, f.data)
 		return
 	}
 	var extra yaml.Node
@@ -206,10 +278,10 @@ func (c *compiler) file(f srcFile) {
 			c.warnf(c.pos(extra.Content[0]), "a second YAML document is ignored, as envoyproxy/ratelimit ignores it: a file holds one domain")
 		}
 	case !errors.Is(err, io.EOF):
-		// envoyproxy/ratelimit does not read past the first document;
-		// what follows it must still be YAML.
-		c.yamlError(err)
-		return
+		// envoyproxy/ratelimit does not read past the first document,
+		// so what follows it need not even be YAML.
+		line, col, msg := yamlPosition(err, f.data)
+		c.warnf(Position{File: f.name, Line: line, Column: col}, "what follows the first YAML document is ignored, as envoyproxy/ratelimit ignores it, and is not YAML: %s", msg)
 	}
 	if len(doc.Content) == 0 || isNull(doc.Content[0]) {
 		c.errorf(Position{File: f.name, Line: 1, Column: 1}, "file is empty: want a mapping with domain and descriptors")
@@ -763,7 +835,8 @@ func (c *compiler) limit(n *yaml.Node, multi bool) parsedLimit {
 		if s, good := c.str(p.v, "name"); !good {
 			ok = false
 		} else if s == "" {
-			fail(p, "name is empty")
+			// envoyproxy/ratelimit loads it: an empty name is no name.
+			c.warnf(c.pos(p.v), "name is empty: the limit has no name, as if name were absent")
 		} else {
 			out.name = s
 		}
@@ -782,7 +855,19 @@ func (c *compiler) limit(n *yaml.Node, multi bool) parsedLimit {
 			c.errorf(c.pos(fields["unlimited"].k), "unlimited is not allowed in rate_limits: use rate_limit: {unlimited: true}")
 			ok = false
 		}
-		for _, k := range []string{"unit", "window", "algorithm", "burst", "failure_mode"} {
+		if p, has := fields["unit"]; has {
+			// envoyproxy/ratelimit refuses a unit it knows beside
+			// unlimited, and loads any other (an empty one, a typo).
+			if u, good := c.str(p.v, "unit"); !good {
+				ok = false
+			} else if _, known := unitWindow(strings.ToLower(u)); known {
+				c.errorf(c.pos(p.k), "unit cannot be combined with unlimited: true")
+				ok = false
+			} else {
+				c.warnf(c.pos(p.k), "unit %q is ignored: the limit is unlimited (envoyproxy/ratelimit ignores it too)", u)
+			}
+		}
+		for _, k := range []string{"window", "algorithm", "burst", "failure_mode"} {
 			if p, has := fields[k]; has {
 				c.errorf(c.pos(p.k), "%s cannot be combined with unlimited: true", k)
 				ok = false
