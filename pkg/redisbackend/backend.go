@@ -98,7 +98,12 @@ func New(opts Options) (*Backend, error) {
 // have them disabled, as New does. A *redis.ClusterClient should have
 // MinRetryBackoff −1, as New's does: otherwise go-redis sleeps 10–30 ms
 // before a pipeline follows a MOVED or ASK redirection, which every Check
-// of a coalesced call meets while its slot migrates.
+// of a coalesced call meets while its slot migrates. A *redis.Client or
+// *redis.ClusterClient must have ContextTimeoutEnabled, as New's have, and
+// is refused without it: go-redis would then bound a call's reads and
+// writes by its ReadTimeout and WriteTimeout alone, not by the Check's
+// deadline nor Options.Timeout, and a stalled Redis would hold every
+// caller of a coalesced call past Envoy's timeout, to succeed after it.
 func NewFromClient(c redis.UniversalClient, opts Options) (*Backend, error) {
 	if c == nil {
 		return nil, errors.New("redisbackend: nil client")
@@ -106,7 +111,22 @@ func NewFromClient(c redis.UniversalClient, opts Options) (*Backend, error) {
 	if err := validatePrefix(opts.KeyPrefix); err != nil {
 		return nil, fmt.Errorf("redis options: %w", err)
 	}
+	if !honoursDeadlines(c) {
+		return nil, errors.New("redis options: the client's ContextTimeoutEnabled is false, so go-redis would not end a call at its deadline (Options.Timeout, the caller's): set it, as New does")
+	}
 	return newBackend(c, opts)
+}
+
+// honoursDeadlines reports whether go-redis ends c's calls at their
+// context's deadline; true for a client whose options it cannot read.
+func honoursDeadlines(c redis.UniversalClient) bool {
+	switch cc := c.(type) {
+	case *redis.Client:
+		return cc.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return cc.Options().ContextTimeoutEnabled
+	}
+	return true
 }
 
 func newBackend(c redis.UniversalClient, opts Options) (*Backend, error) {

@@ -293,23 +293,37 @@ func TestNewFromClient(t *testing.T) {
 	if _, err := NewFromClient(nil, Options{}); err == nil {
 		t.Error("NewFromClient(nil) succeeded")
 	}
-	if _, err := NewFromClient(r.Client(), Options{KeyPrefix: "{x}:"}); err == nil {
+	// A caller's client, which must end a call at its context's deadline.
+	own := redis.NewClient(&redis.Options{Addr: r.Addr, ContextTimeoutEnabled: true})
+	defer own.Close()
+	if _, err := NewFromClient(own, Options{KeyPrefix: "{x}:"}); err == nil {
 		t.Error("NewFromClient with a braced prefix succeeded")
 	}
+	// One that would not (go-redis's default), single-node or Cluster: a
+	// stalled Redis would hold its Checks past their deadline.
+	stock := redis.NewClient(&redis.Options{Addr: r.Addr})
+	defer stock.Close()
+	stockCluster := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{r.Addr}})
+	defer stockCluster.Close()
+	for _, c := range []redis.UniversalClient{stock, stockCluster} {
+		if _, err := NewFromClient(c, Options{}); err == nil || !strings.Contains(err.Error(), "ContextTimeoutEnabled") {
+			t.Errorf("NewFromClient(%T without ContextTimeoutEnabled) = %v, want it refused naming the option", c, err)
+		}
+	}
 	// A caller's client whose pool the sender slots would fill.
-	small := redis.NewClient(&redis.Options{Addr: r.Addr, PoolSize: DefaultSenders})
+	small := redis.NewClient(&redis.Options{Addr: r.Addr, PoolSize: DefaultSenders, ContextTimeoutEnabled: true})
 	defer small.Close()
 	if _, err := NewFromClient(small, Options{}); err == nil || !strings.Contains(err.Error(), "leaves no connection of the client's pool") {
 		t.Errorf("NewFromClient with a pool of %d = %v, want the pool refused", DefaultSenders, err)
 	}
 	// One whose pool is large but whose active connections are capped at
 	// as many as the sender slots keep (MaxActiveConns).
-	capped := redis.NewClient(&redis.Options{Addr: r.Addr, PoolSize: 10, MaxActiveConns: DefaultSenders})
+	capped := redis.NewClient(&redis.Options{Addr: r.Addr, PoolSize: 10, MaxActiveConns: DefaultSenders, ContextTimeoutEnabled: true})
 	defer capped.Close()
 	if _, err := NewFromClient(capped, Options{}); err == nil || !strings.Contains(err.Error(), "max_active_conns") {
 		t.Errorf("NewFromClient with MaxActiveConns %d = %v, want the pool refused naming max_active_conns", DefaultSenders, err)
 	}
-	b, err := NewFromClient(r.Client(), Options{KeyPrefix: "own:", Timeout: testTimeout})
+	b, err := NewFromClient(own, Options{KeyPrefix: "own:", Timeout: testTimeout})
 	if err != nil {
 		t.Fatalf("NewFromClient: %v", err)
 	}
@@ -323,7 +337,7 @@ func TestNewFromClient(t *testing.T) {
 		t.Fatalf("Close: %v", err)
 	}
 	// The caller's client stays open.
-	if err := r.Client().Ping(ctx).Err(); err != nil {
+	if err := own.Ping(ctx).Err(); err != nil {
 		t.Errorf("client closed by Backend.Close: %v", err)
 	}
 	n, err := r.Client().Keys(ctx, "own:*").Result()

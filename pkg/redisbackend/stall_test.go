@@ -339,7 +339,7 @@ func TestStalledConnection(t *testing.T) {
 func newRetrying(t *testing.T, p *stallProxy) *Backend {
 	t.Helper()
 	client := redis.NewClient(&redis.Options{
-		Addr: p.addr(), Protocol: 2, MaxRetries: 3,
+		Addr: p.addr(), Protocol: 2, MaxRetries: 3, ContextTimeoutEnabled: true,
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 	})
 	t.Cleanup(func() { client.Close() })

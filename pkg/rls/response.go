@@ -361,12 +361,18 @@ func clamp32(v uint64) uint32 {
 	return uint32(v)
 }
 
-// ceilSeconds is d in whole seconds, rounded up.
+// ceilSeconds is d in whole seconds, rounded up, without the addition that
+// overflows for the longest waits (a token bucket's of over 292 years
+// saturate at the largest Duration).
 func ceilSeconds(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
-	return int64((d + time.Second - 1) / time.Second)
+	s := int64(d / time.Second)
+	if d%time.Second != 0 {
+		s++
+	}
+	return s
 }
 
 // windowUnits are the units an arbitrary window is reported in, longest

@@ -402,20 +402,23 @@ func (s *Service) plan(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, sc 
 					fm = r.Limits[0].FailureMode
 				}
 			}
-			if err := descriptors.Countable(lim); err != nil {
+			q := limiter.Request{Limit: lim, Hits: beyond(hits, lim), Shadow: s.shadow || refund, FailureMode: fm}
+			blocked := lim.Requests == 0 // as in envoyproxy/ratelimit, and as requests_per_unit: 0 in YAML
+			if blocked {
+				block(&q)
+			}
+			if err := descriptors.Countable(q.Limit); err != nil {
 				return invalid("descriptors[%d].limit: %v (with the algorithm of the matched rule)", i, err)
 			}
 			start := len(sc.key)
 			sc.key = limiter.AppendKeyPart(sc.key, domain)
 			sc.key = limiter.AppendKeyPart(sc.key, "") // no rule has an empty ID
 			sc.key = appendEntries(sc.key, d, ds.rule, s.limits.MaxValueBytes)
-			sc.reqs = append(sc.reqs, limiter.Request{
-				Limit: lim, Hits: beyond(hits, lim), Shadow: s.shadow || refund, FailureMode: fm,
-			})
+			sc.reqs = append(sc.reqs, q)
 			sc.meta = append(sc.meta, reqMeta{
 				desc: i, rule: ds.rule, ruleName: ruleName, name: ruleName,
 				unit: rlsv3.RateLimitResponse_RateLimit_Unit(o.Unit), mult: overrideMultiplier(o),
-				keyStart: start, keyEnd: len(sc.key),
+				keyStart: start, keyEnd: len(sc.key), blocked: blocked,
 			})
 		case kindRule:
 			r := ds.rule
@@ -436,21 +439,7 @@ func (s *Service) plan(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, sc 
 					FailureMode: l.FailureMode,
 				}
 				if l.Blocked() {
-					// requests_per_unit: 0 blocks. Asking for more hits than
-					// a one-request limit holds is denied by every backend
-					// without consuming, so the batch stays all-or-nothing
-					// and one store call; unblock restores what is reported.
-					// Without a burst: a token bucket's burst is its
-					// capacity, which would hold the two hits.
-					q.Limit.Requests, q.Limit.Burst, q.Hits = 1, 0, 2
-					// The same during an outage: a blocked limit denies
-					// whatever its failure mode, so it vetoes the fallback's
-					// batch as a deny-mode one does. As allow, its stand-in
-					// would be admitted, and the fallback limits of the
-					// request would consume for an OVER_LIMIT answer.
-					if q.FailureMode == limiter.FailAllow {
-						q.FailureMode = limiter.FailDeny
-					}
+					block(&q)
 				}
 				sc.reqs = append(sc.reqs, q)
 				sc.meta = append(sc.meta, reqMeta{
@@ -477,6 +466,22 @@ func (s *Service) plan(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, sc 
 	sc.res = sc.res[:len(sc.reqs)]
 	clear(sc.res)
 	return nil
+}
+
+// block makes q the stand-in of a blocked limit (requests_per_unit 0,
+// which blocks). Asking for more hits than a one-request limit holds is
+// denied by every backend without consuming, so the batch stays
+// all-or-nothing and one store call; unblock restores what is reported.
+// Without a burst: a token bucket's burst is its capacity, which would hold
+// the two hits. The same during an outage: a blocked limit denies whatever
+// its failure mode, so it vetoes the fallback's batch as a deny-mode one
+// does. As allow, its stand-in would be admitted, and the fallback limits of
+// the request would consume for an OVER_LIMIT answer.
+func block(q *limiter.Request) {
+	q.Limit.Requests, q.Limit.Burst, q.Hits = 1, 0, 2
+	if q.FailureMode == limiter.FailAllow {
+		q.FailureMode = limiter.FailDeny
+	}
 }
 
 // beyond returns hits, or one more than l's capacity when hits exceed it:

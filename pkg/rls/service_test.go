@@ -180,7 +180,6 @@ func TestValidationRejectsAndCountsNothing(t *testing.T) {
 		{"too many entries", request("test", alice(), manyEntries), "descriptors[1].entries: 17 entries exceed the maximum of 16"},
 		{"long domain", request(strings.Repeat("d", DefaultMaxDomainBytes+1), alice()), "domain: 257 bytes exceed the maximum of 256"},
 		{"long key", request("test", alice(), desc(strings.Repeat("k", DefaultMaxKeyBytes+1), "v")), "descriptors[1].entries[0].key: 257 bytes exceed"},
-		{"override of 0 requests", request("test", override(&commonv3.RateLimitDescriptor_RateLimitOverride{Unit: typev3.RateLimitUnit_SECOND})), "descriptors[0].limit.requests_per_unit: must be positive"},
 		{"override without unit", request("test", alice(), override(&commonv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 3})), "descriptors[1].limit.unit: UNKNOWN is not a known unit"},
 		{"override with unknown unit", request("test", override(&commonv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 3, Unit: 42})), "descriptors[0].limit.unit: 42 is not a known unit"},
 		{"override multiplier 0", request("test", override(&commonv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 3, Unit: typev3.RateLimitUnit_MINUTE, UnitMultiplier: wrapperspb.UInt32(0)})), "descriptors[0].limit.unit_multiplier: must be positive"},
@@ -951,6 +950,43 @@ func TestRetryAfterRoundsUpAndIsAtLeastOne(t *testing.T) {
 	}
 }
 
+// TestLongestWaits: a token bucket of 1 a year with a burst of 1,000 has
+// waits of centuries, which the limiter saturates at the largest Duration
+// (about 292 years). The reset, Retry-After and the body's retry_after say
+// those 9,223,372,037 seconds, never a negative number nor the one second
+// an overflowing round-up once gave (a review's finding).
+func TestLongestWaits(t *testing.T) {
+	e := newEnv(t, map[string]string{"y.yaml": `
+domain: y
+descriptors:
+  - key: k
+    rate_limit: {name: yearly, unit: year, requests_per_unit: 1, burst: 1000, algorithm: token_bucket}
+`}, Options{})
+	const longest = "9223372037" // math.MaxInt64 ns in whole seconds, rounded up
+	d := desc("k", "v")
+	d.HitsAddend = wrapperspb.UInt64(1000)
+	resp := e.must(request("y", d)) // the whole burst: full again in 1,000 years
+	if rl, _ := header(resp, "RateLimit"); resp.OverallCode != rlsv3.RateLimitResponse_OK || rl != `"yearly";r=0;t=`+longest {
+		t.Fatalf("first request: %v, RateLimit %q", resp.OverallCode, rl)
+	}
+	resp = e.must(request("y", d))
+	ra, _ := header(resp, "Retry-After")
+	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || ra != longest {
+		t.Fatalf("second request: %v, Retry-After %q, want %s", resp.OverallCode, ra, longest)
+	}
+	if !strings.Contains(string(resp.RawBody), `"retry_after":`+longest) {
+		t.Errorf("body %s: want retry_after %s", resp.RawBody, longest)
+	}
+	for _, c := range []struct {
+		d    time.Duration
+		want int64
+	}{{0, 0}, {-time.Second, 0}, {1, 1}, {time.Second, 1}, {time.Second + 1, 2}, {math.MaxInt64, 9223372037}} {
+		if got := ceilSeconds(c.d); got != c.want {
+			t.Errorf("ceilSeconds(%v) = %d, want %d", c.d, got, c.want)
+		}
+	}
+}
+
 func TestProblemBody(t *testing.T) {
 	e := newEnv(t, testFiles, Options{})
 	l := limitOf(t, e.svc.cfg.Current(), "test", "slow", "slow", "s")
@@ -1243,6 +1279,53 @@ descriptors:
 				resp := e.must(request("b", desc("ip", "50.0.0.6"), desc("user", "u")))
 				if resp.OverallCode != rlsv3.RateLimitResponse_OK {
 					t.Fatalf("unblocked request %d: %v", i, resp)
+				}
+			}
+			if resp := e.must(request("b", desc("user", "u"))); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+				t.Errorf("per_user admitted a third request: %v", resp)
+			}
+		})
+	}
+}
+
+// TestBlockedOverride: Envoy's limit override of requests_per_unit 0 blocks
+// as the YAML's does, as in envoyproxy/ratelimit: OVER_LIMIT with a limit of
+// 0 and one window of the override's unit, nothing consumed from the other
+// limits of the request, whatever the algorithm of the rule it matched (it
+// was once refused as an invalid request, which Envoy admits uncounted
+// unless failure_mode_deny is set).
+func TestBlockedOverride(t *testing.T) {
+	for _, rule := range []string{
+		`{unit: second, requests_per_unit: 100}`,
+		`{unit: second, requests_per_unit: 100, algorithm: sliding_log}`,
+		`{unit: second, requests_per_unit: 100, algorithm: token_bucket, burst: 5}`,
+	} {
+		t.Run(rule, func(t *testing.T) {
+			e := newEnv(t, map[string]string{"b.yaml": `
+domain: b
+descriptors:
+  - key: ip
+    rate_limit: ` + rule + `
+  - key: user
+    rate_limit: {name: per_user, unit: minute, requests_per_unit: 2}
+`}, Options{})
+			blocked := desc("ip", "50.0.0.5")
+			blocked.Limit = &commonv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 0, Unit: typev3.RateLimitUnit_MINUTE}
+			for i := range 3 {
+				resp := e.must(request("b", blocked, desc("user", "u")))
+				st := resp.Statuses[0]
+				if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || st.Code != rlsv3.RateLimitResponse_OVER_LIMIT ||
+					st.CurrentLimit.GetRequestsPerUnit() != 0 || st.CurrentLimit.GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE ||
+					st.LimitRemaining != 0 || st.DurationUntilReset.AsDuration() != time.Minute {
+					t.Fatalf("request %d: %v", i, resp)
+				}
+				if ra, _ := header(resp, "Retry-After"); ra != "60" {
+					t.Errorf("request %d: Retry-After %q, want 60", i, ra)
+				}
+			}
+			for i := range 2 {
+				if resp := e.must(request("b", desc("user", "u"))); resp.OverallCode != rlsv3.RateLimitResponse_OK {
+					t.Fatalf("per_user, request %d after the blocked ones: %v", i, resp)
 				}
 			}
 			if resp := e.must(request("b", desc("user", "u"))); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {

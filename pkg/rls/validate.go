@@ -120,9 +120,6 @@ func checkEntry(i, j int, key string, lim *RequestLimits) error {
 }
 
 func checkOverride(i int, o *ratelimitv3.RateLimitDescriptor_RateLimitOverride) error {
-	if o.RequestsPerUnit == 0 {
-		return invalid("descriptors[%d].limit.requests_per_unit: must be positive", i)
-	}
 	if overrideUnitSeconds(o.Unit) == 0 {
 		return invalid("descriptors[%d].limit.unit: %v is not a known unit", i, o.Unit)
 	}
