@@ -299,18 +299,24 @@ func readDirFrom(dir, gen string) (files []srcFile, own int, err error) {
 			}
 			continue
 		}
+		if !isYAMLName(src.name) {
+			files = append(files, srcFile{name: filepath.Join(dir, src.name), other: true})
+			continue
+		}
 		fi, err := os.Stat(src.from) // follows symlinks
+		if vanished(err, src.from) {
+			continue // removed since the listing: the next read (settle) confirms it
+		}
 		if err != nil {
 			return nil, 0, fmt.Errorf("descriptors: %w", err)
 		}
 		if !fi.Mode().IsRegular() {
 			continue
 		}
-		if !isYAMLName(src.name) {
-			files = append(files, srcFile{name: filepath.Join(dir, src.name), other: true})
+		data, err := os.ReadFile(src.from)
+		if vanished(err, src.from) {
 			continue
 		}
-		data, err := os.ReadFile(src.from)
 		if err != nil {
 			return nil, 0, fmt.Errorf("descriptors: %w", err)
 		}
@@ -324,6 +330,18 @@ func readDirFrom(dir, gen string) (files []srcFile, own int, err error) {
 		return nil, 0, fmt.Errorf("descriptors: no configuration files (*.yaml, *.yml) in %s", dir)
 	}
 	return files, own, nil
+}
+
+// vanished reports whether err says that path is gone, and path itself (not
+// only what a symlink at path names) no longer exists: a file an editor or
+// a deploy removed between the folder's listing and its read. A dangling
+// symlink is not vanished, and stays an error.
+func vanished(err error, path string) bool {
+	if !errors.Is(err, fs.ErrNotExist) {
+		return false
+	}
+	_, lerr := os.Lstat(path)
+	return errors.Is(lerr, fs.ErrNotExist)
 }
 
 // isYAMLName reports whether a file's name ends in .yaml or .yml, in any

@@ -3,6 +3,7 @@ package descriptors
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -945,5 +946,43 @@ func TestOtherFilesWarned(t *testing.T) {
 	write(t, only, "ratelimit", "domain: legacy\n"+rule)
 	if _, err := Load(only, Options{}); err == nil || !strings.Contains(err.Error(), "no configuration files") {
 		t.Errorf("folder of other files only: %v", err)
+	}
+}
+
+// TestVanished checks what a read of the folder passes over as removed
+// since its listing (a file gone, a link gone) and what stays an error (a
+// link to nothing, which would otherwise hide a domain), and that a folder
+// holding a link to nothing named *.yaml is refused while one holding such
+// a link under another name loads with that file warned about.
+func TestVanished(t *testing.T) {
+	dir := t.TempDir()
+	gone := filepath.Join(dir, "gone.yaml")
+	_, err := os.Stat(gone)
+	if !vanished(err, gone) {
+		t.Errorf("a removed file: not vanished (%v)", err)
+	}
+	dangling := filepath.Join(dir, "dangling.yaml")
+	if err := os.Symlink(filepath.Join(dir, "nowhere"), dangling); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dangling); !errors.Is(err, fs.ErrNotExist) || vanished(err, dangling) {
+		t.Errorf("a link to nothing: %v, vanished %v; want not vanished", err, vanished(err, dangling))
+	}
+	if vanished(errors.New("permission denied"), gone) {
+		t.Error("another error taken for a vanished file")
+	}
+	write(t, dir, "a.yaml", "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n")
+	if _, err := Load(dir, Options{}); err == nil || !strings.Contains(err.Error(), "dangling.yaml") {
+		t.Errorf("a folder with a *.yaml link to nothing: %v, want it refused naming the link", err)
+	}
+	if err := os.Rename(dangling, filepath.Join(dir, "dangling")); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Load(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ws := cfg.Warnings(); len(ws) != 1 || !strings.Contains(ws[0].Msg, "file not read") {
+		t.Errorf("warnings %v, want one: file not read", ws)
 	}
 }
