@@ -438,7 +438,7 @@ func report(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print JSON (with the ceiling fields filled) instead of the table")
 	markdown := fs.Bool("markdown", false, "print the table (and the comparison) as Markdown tables, with the same figures")
-	medians := fs.Bool("median", false, "combine repeated runs of the same load (label, target, callers, rate) into one row of medians")
+	medians := fs.Bool("median", false, "combine repeated runs of the same load (label, target, mode, callers, rate, descriptors per request) into one row of medians")
 	var cmpOpts bench.CompareOptions
 	fs.StringVar(&cmpOpts.Base, "compare", "", "after the table, compare the runs whose label is `PREFIX` and a load's label with those whose label is --to's prefix and the same load's, run against run in the order run: each figure's median ratio over the pairs and in how many pairs the --to side did better (\"\" is the runs without a prefix)")
 	fs.StringVar(&cmpOpts.Other, "to", "", "with --compare: the `PREFIX` of the runs compared with --compare's (\"\", the default, is the runs without a prefix)")

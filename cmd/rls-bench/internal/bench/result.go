@@ -222,7 +222,7 @@ func FillCeilings(rs []*Result) {
 }
 
 // Medians combines repeated runs of the same load (label, target, TLS, mode,
-// callers, rate and decoding) into one result each, in the order each load first
+// callers, rate, descriptors per request and decoding) into one result each, in the order each load first
 // appears: every rate, latency and CPU figure is the median of the runs
 // (the mean of the two middle ones for an even count), the counts are
 // summed, and Runs is the number of runs. A load run once is kept as it is.
@@ -230,14 +230,14 @@ func FillCeilings(rs []*Result) {
 func Medians(rs []*Result) []*Result {
 	type key struct {
 		label, target, tls, mode string
-		callers                  int
+		callers, descriptors     int
 		rate                     float64
 		fullDecode               bool
 	}
 	var order []key
 	groups := map[key][]*Result{}
 	for _, r := range rs {
-		k := key{r.Label, r.Target, r.TLS, r.Mode, r.Callers, r.Rate, r.FullDecode}
+		k := key{r.Label, r.Target, r.TLS, r.Mode, r.Callers, r.Descriptors, r.Rate, r.FullDecode}
 		if _, ok := groups[k]; !ok {
 			order = append(order, k)
 		}

@@ -425,3 +425,21 @@ func TestMedians(t *testing.T) {
 		t.Errorf("the table of medians has no runs column:\n%s", buf.String())
 	}
 }
+
+// TestMediansKeepDescriptorCountsApart: runs that differ only in
+// descriptors per request are two loads (FillCeilings and Compare keep them
+// apart too), though the default labels are the same for both: the
+// do-nothing server measured with one and with three descriptors made one
+// row of medians across both once (a review's finding).
+func TestMediansKeepDescriptorCountsApart(t *testing.T) {
+	run := func(desc int, rps float64) *Result {
+		return &Result{Label: "ceiling", Target: "t", Mode: "closed", Callers: 16, Descriptors: desc, RPS: rps, Ceiling: true}
+	}
+	got := Medians([]*Result{run(1, 20000), run(3, 10000), run(1, 21000), run(3, 11000)})
+	if len(got) != 2 || got[0].Descriptors != 1 || got[0].RPS != 20500 || got[1].Descriptors != 3 || got[1].RPS != 10500 {
+		for _, r := range got {
+			t.Logf("row: %d descriptors, %d runs, %v/s", r.Descriptors, r.Runs, r.RPS)
+		}
+		t.Errorf("Medians gave %d rows, want one of 20500/s for 1 descriptor and one of 10500/s for 3", len(got))
+	}
+}
