@@ -110,7 +110,14 @@ func TestServeFlagsOutOfRange(t *testing.T) {
 		{args: []string{"--deny-cache.max-entries", "-1"}, want: "--deny-cache.max-entries -1"},
 		{args: []string{"--fallback.instances", "-2"}, want: "--fallback.instances -2"},
 		{args: []string{"--runtime.gc-percent", "0"}, want: "--runtime.gc-percent 0: must be 1 or more"},
-		{args: []string{"--grpc.stream-workers", "-1"}, want: "--grpc.stream-workers -1: must be 0 or more"},
+		{args: []string{"--grpc.stream-workers", "-1"}, want: "--grpc.stream-workers -1: must be from 0 to 16384"},
+		{args: []string{"--grpc.stream-workers", "4294967297"}, want: "--grpc.stream-workers 4294967297: must be from 0 to 16384"},
+		{args: []string{"--redis.url", "redis://h:1", "--redis.senders", "0"}, want: "--redis.senders 0: must be -1 (off) or 1 or more"},
+		{args: []string{"--redis.url", "redis://h:1", "--redis.senders", "-7"}, want: "--redis.senders -7: must be -1 (off) or 1 or more"},
+		{args: []string{"--redis.url", "redis://h:1", "--redis.max-batch", "0"}, want: "--redis.max-batch 0: must be 1 or more"},
+		// An empty list of client names would leave mutual TLS open to
+		// any certificate of the CA.
+		{args: []string{"--grpc.tls.cert", "c", "--grpc.tls.key", "k", "--grpc.tls.client-ca", "ca"}, env: map[string]string{"ENVOY_RLS_GRPC_TLS_CLIENT_SAN": " , "}, want: `ENVOY_RLS_GRPC_TLS_CLIENT_SAN=" , ": no value`},
 		{args: []string{"--grpc.conn-window", "-1"}, want: "--grpc.conn-window -1"},
 		{args: []string{"--grpc.conn-window", "65534"}, want: "--grpc.conn-window 65534: must be 0 or from 65535"},
 		{args: []string{"--redis.url", "redis://h:1", "--redis.spare-after", "-1ms"}, want: "--redis.spare-after -1ms: must be 0 or more"},
@@ -130,11 +137,18 @@ func TestServeFlagsOutOfRange(t *testing.T) {
 			t.Errorf("%q %v: %v, want a usage error containing %q", tc.args, tc.env, err, tc.want)
 		}
 	}
+	// The flag package prints a bad value's error itself.
+	var stderr strings.Builder
+	_, err := parseServeFlags([]string{"--grpc.tls.cert", "c", "--grpc.tls.key", "k", "--grpc.tls.client-ca", "ca", "--grpc.tls.client-san", ""}, &stderr, func(string) (string, bool) { return "", false })
+	if u := (usageError{}); !errors.As(err, &u) || !strings.Contains(stderr.String(), `invalid value "" for flag -grpc.tls.client-san: no value`) {
+		t.Errorf("--grpc.tls.client-san \"\": %v, printed %q; want a usage error and the flag's", err, stderr.String())
+	}
 	// The boundaries of those ranges are accepted.
 	for _, args := range [][]string{
 		{"--shutdown.drain-timeout", "0s", "--metrics.near-limit-ratio", "0", "--deny-cache.max-entries", "0", "--log.repeat-interval", "0s"},
 		{"--metrics.near-limit-ratio", "1", "--debug.top-capacity", "1", "--redis.sentinel-addrs", "h:26379", "--redis.sentinel-master", "m"},
 		{"--grpc.stream-workers", "0", "--grpc.conn-window", "65535", "--runtime.gc-percent", "1"},
+		{"--grpc.stream-workers", "16384", "--redis.url", "redis://h:1", "--redis.senders", "-1", "--redis.max-batch", "1"},
 		{"--grpc.addr", "unix:/run/rls.sock", "--grpc.socket-mode", "0600"},
 		{"--grpc.tls.cert", "c", "--grpc.tls.key", "k", "--grpc.tls.client-ca", "ca", "--grpc.tls.client-san", "envoy,spiffe://td/envoy"},
 	} {

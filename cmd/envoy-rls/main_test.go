@@ -47,7 +47,13 @@ func TestCheckConfigSingleFile(t *testing.T) {
 }
 
 func TestUsageErrorsExitTwo(t *testing.T) {
-	for _, args := range [][]string{{"frobnicate"}, {"check-config"}, {"query"}, {"serve", "--no-such-flag"}, {"serve", "extra"}} {
+	for _, args := range [][]string{
+		{"frobnicate"}, {"check-config"}, {"query"}, {"serve", "--no-such-flag"}, {"serve", "extra"},
+		// Neither sends anything: a stray word would end the flags (and
+		// drop --count), and hits_addend holds 32 bits.
+		{"query", "--descriptor", "k=v", "extra", "--count", "3"},
+		{"query", "--descriptor", "k=v", "--hits", "4294967296"},
+	} {
 		if code, _, _ := runCmd(args...); code != 2 {
 			t.Errorf("%q: exit %d, want 2", args, code)
 		}

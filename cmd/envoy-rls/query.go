@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"time"
 
@@ -56,9 +57,15 @@ func queryMain(args []string, stdout, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return parseError(err)
 	}
+	if fs.NArg() > 0 {
+		return usageError{msg: fmt.Sprintf("query takes flags only, got %q", fs.Args())}
+	}
 	if len(descs) == 0 {
 		fs.Usage()
 		return usageError{msg: "query needs at least one --descriptor"}
+	}
+	if *hits > math.MaxUint32 {
+		return usageError{msg: fmt.Sprintf("--hits %d: at most %d (hits_addend is 32 bits)", *hits, uint32(math.MaxUint32))}
 	}
 	if *count < 1 {
 		return usageError{msg: "--count must be at least 1"}

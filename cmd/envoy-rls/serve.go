@@ -157,8 +157,13 @@ func (o serveOptions) checkRanges() error {
 		}
 	}
 	switch {
-	case o.grpcWorkers < 0:
-		return usageError{msg: fmt.Sprintf("--grpc.stream-workers %d: must be 0 or more", o.grpcWorkers)}
+	case o.grpcWorkers < 0 || o.grpcWorkers > maxStreamWorkers:
+		return usageError{msg: fmt.Sprintf("--grpc.stream-workers %d: must be from 0 to %d", o.grpcWorkers, maxStreamWorkers)}
+	case o.store.redisSenders == 0 || o.store.redisSenders < -1:
+		// The backend would take 0 for its default and any negative for off.
+		return usageError{msg: fmt.Sprintf("--redis.senders %d: must be -1 (off) or 1 or more", o.store.redisSenders)}
+	case o.store.redisMaxBatch < 1:
+		return usageError{msg: fmt.Sprintf("--redis.max-batch %d: must be 1 or more", o.store.redisMaxBatch)}
 	case o.grpcWindow != 0 && (o.grpcWindow < 65535 || o.grpcWindow > math.MaxInt32):
 		// grpc-go ignores a window below HTTP/2's initial 65535 bytes
 		// without a word: refuse it instead.
@@ -183,6 +188,10 @@ func (o serveOptions) checkRanges() error {
 	}
 	return nil
 }
+
+// maxStreamWorkers bounds --grpc.stream-workers: grpc-go starts them all
+// at once, and a call beyond them gets a goroutine of its own anyway.
+const maxStreamWorkers = 16384
 
 // defaultConnWindow is --grpc.conn-window's default, 1 MiB: a rate-limit
 // request is a few hundred bytes, so the window is replenished once every few
@@ -411,7 +420,7 @@ func (s *server) run(ctx context.Context, o serveOptions, hup <-chan os.Signal, 
 	// /readyz answers (the listeners already queue connections).
 	s.log.Info("envoy-rls serving", "grpc", addrs.GRPC, "http", addrs.HTTP, "debug", addrs.Debug, "store", s.store.name,
 		"vtprotobuf", rls.VTProto())
-	goRun("grpc server", func() error { return s.grpc.Serve(gl) })
+	goRun("grpc server", func() error { return ignoreStopped(s.grpc.Serve(gl)) })
 	goRun("http server", func() error { return ignoreClosed(s.http.Serve(hl)) })
 	if dl != nil {
 		goRun("debug server", func() error { return ignoreClosed(s.debug.Serve(dl)) })
@@ -518,6 +527,16 @@ func (s *server) debugMux() *http.ServeMux {
 
 func ignoreClosed(err error) error {
 	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// ignoreStopped: a stop that came before Serve began (a SIGTERM during the
+// start) makes Serve return grpc.ErrServerStopped, having closed its
+// listener; that stop is as clean as any other.
+func ignoreStopped(err error) error {
+	if errors.Is(err, grpc.ErrServerStopped) {
 		return nil
 	}
 	return err

@@ -482,3 +482,23 @@ func TestStopEndsHealthWatches(t *testing.T) {
 		t.Fatal("serve did not stop: the open Watch stream holds the graceful stop")
 	}
 }
+
+// TestStopDuringStart: a stop that arrives while serve is still starting (a
+// SIGTERM during the configuration's load) is as clean as any other: serve
+// returns nil. The gRPC server, stopped before its Serve began, made Serve
+// return grpc.ErrServerStopped, which serve reported as its failure (exit
+// 1) in about half of such stops (a review's finding).
+func TestStopDuringStart(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "t.yaml"), "domain: t\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n")
+	o := serveOptions{configDir: dir, headers: "ietf", grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0",
+		drainTimeout: time.Minute, reloadInterval: time.Hour}
+	o.debug.topCapacity = 64
+	for i := range 20 {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := serve(ctx, o, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, nil); err != nil {
+			t.Fatalf("stop %d, during the start: %v", i, err)
+		}
+	}
+}
