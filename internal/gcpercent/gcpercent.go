@@ -61,12 +61,25 @@ func (f *Flag) Check() error {
 // Apply sets GOGC to the flag's percent through set (debug.SetGCPercent),
 // unless the GOGC variable is set and the flag was not: Go has applied GOGC
 // at start, and it is left alone. An empty GOGC counts as unset (Go ran at
-// its default of 100, not at what the variable says). It returns the GOGC
-// in effect and where it came from, for the log.
+// its default of 100, not at what the variable says), and so does one Go
+// cannot read (neither "off" nor a decimal integer: "400%"), which is named
+// in from. It returns the GOGC in effect and where it came from, for the
+// log.
 func (f *Flag) Apply(lookupEnv func(string) (string, bool), set func(int) int) (gogc, from string) {
+	from = "--" + f.name
 	if env, ok := lookupEnv("GOGC"); ok && env != "" && !f.given {
-		return env, "the GOGC variable"
+		if goReads(env) {
+			return env, "the GOGC variable"
+		}
+		from += fmt.Sprintf(" (GOGC=%q is no number, which Go ignores)", env)
 	}
 	set(f.percent)
-	return strconv.Itoa(f.percent), "--" + f.name
+	return strconv.Itoa(f.percent), from
+}
+
+// goReads reports whether the runtime takes GOGC=v as a setting: "off", or
+// a decimal int32 (runtime.readGOGC).
+func goReads(v string) bool {
+	_, err := strconv.ParseInt(v, 10, 32)
+	return v == "off" || err == nil
 }

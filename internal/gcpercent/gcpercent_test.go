@@ -31,6 +31,11 @@ func TestApply(t *testing.T) {
 		{name: "GOGC without the flag", env: map[string]string{"GOGC": "150"}, wantGOGC: "150", wantFrom: "the GOGC variable"},
 		{name: "empty GOGC", env: map[string]string{"GOGC": ""}, wantSet: Default, wantGOGC: "400", wantFrom: "--gc"},
 		{name: "GOGC=off without the flag", env: map[string]string{"GOGC": "off"}, wantGOGC: "off", wantFrom: "the GOGC variable"},
+		// Go runs at 100 with a GOGC it cannot read: the flag applies,
+		// and the log says why the variable did not.
+		{name: "GOGC no number", env: map[string]string{"GOGC": "400%"}, wantSet: Default, wantGOGC: "400", wantFrom: `--gc (GOGC="400%" is no number, which Go ignores)`},
+		{name: "GOGC in hexadecimal", env: map[string]string{"GOGC": "0x10"}, wantSet: Default, wantGOGC: "400", wantFrom: `--gc (GOGC="0x10" is no number, which Go ignores)`},
+		{name: "negative GOGC", env: map[string]string{"GOGC": "-1"}, wantGOGC: "-1", wantFrom: "the GOGC variable"},
 		{name: "flag over GOGC", args: []string{"--gc", "300"}, env: map[string]string{"GOGC": "150"}, wantSet: 300, wantGOGC: "300", wantFrom: "--gc"},
 	}
 	for _, tc := range cases {
