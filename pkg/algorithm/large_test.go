@@ -62,3 +62,32 @@ func TestWaitsBeyondDuration(t *testing.T) {
 		t.Errorf("sliding window of 2,000,000 hours, second hit: %+v, want denied, RetryAfter the largest Duration", d)
 	}
 }
+
+// TestTokenBucketWaitsWithTheClockFarBehind: a token bucket of 2^53−1 per
+// ms (the largest the configuration accepts) whose clock steps back 2.1 s
+// after a hit: the debt at the earlier instant, (At−now)·Limit ticks,
+// passes 2^64. The decision is the same either way (denied), but the waits
+// were computed from the debt saturated at 2^64−1 and came out 52 ms short:
+// a retry at the stated instant was denied, and the bucket was said full
+// before the clock had even come back (a review's finding). Exactly: the
+// retry is 2,100 ms away (the hit's debt is 1 tick of a 1 ms period), the
+// reset too, and admitted then, not a millisecond before.
+func TestTokenBucketWaitsWithTheClockFarBehind(t *testing.T) {
+	l := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: limiter.MaxExact, Window: time.Millisecond}
+	if err := l.ExactRange(); err != nil {
+		t.Fatal(err)
+	}
+	const at = int64(1_767_225_600_000)
+	_, s := Decide(l, State{}, at, limiter.MaxExact) // the whole burst, full again 1 ms later
+	now := at - 2100
+	d, _ := Decide(l, s, now, 1)
+	if d.Allowed || d.RetryAfter != 2101*time.Millisecond || d.ResetAfter != 2101*time.Millisecond {
+		t.Fatalf("with the clock 2.1 s behind: %+v, want denied, RetryAfter and ResetAfter 2.101s", d)
+	}
+	if x, _ := Decide(l, s, now+2100, 1); x.Allowed {
+		t.Errorf("admitted 1 ms before the stated retry: %+v", x)
+	}
+	if x, _ := Decide(l, s, now+2101, 1); !x.Allowed {
+		t.Errorf("denied at the stated retry: %+v", x)
+	}
+}

@@ -75,6 +75,32 @@ func (a TokenBucket) debt(s TokenBucketState, now int64) uint64 {
 	return debt - paid
 }
 
+// wideDebt is the debt at now, hi·2^64 + lo ticks, of which rel (debt's)
+// is the saturated value: a clock behind the state by far enough (a limit
+// near 2^53 per ms, a step back of seconds) makes it pass 2^64, which
+// decides alike (a denial) but would make the waits too short.
+func (a TokenBucket) wideDebt(s TokenBucketState, now int64, rel uint64) (hi, lo uint64) {
+	if now >= s.At || rel != ^uint64(0) {
+		return 0, rel
+	}
+	at := a.debt(s, s.At) // rescaled to Limit, as at At
+	hi, add := bits.Mul64(uint64(s.At-now), a.Limit)
+	lo, carry := bits.Add64(at, add, 0)
+	return hi + carry, lo
+}
+
+// ceilDiv128 is ceil((hi·2^64 + lo) / b), saturated at 2^64 − 1.
+func ceilDiv128(hi, lo, b uint64) uint64 {
+	if hi >= b {
+		return ^uint64(0)
+	}
+	q, r := bits.Div64(hi, lo, b)
+	if r != 0 && q != ^uint64(0) {
+		q++
+	}
+	return q
+}
+
 // Decide applies hits at now to s. See TokenBucket for the arithmetic.
 func (a TokenBucket) Decide(s TokenBucketState, now int64, hits uint64) (Decision, TokenBucketState) {
 	c, consume := effectiveHits(hits)
@@ -91,12 +117,17 @@ func (a TokenBucket) Decide(s TokenBucketState, now int64, hits uint64) (Decisio
 			rel += c * w
 		}
 	default:
-		d.RetryAfter = msU(ceilDiv(rel+c*w-tau, a.Limit))
+		// rel + c·W − tau, with rel as wide as it is.
+		hi, lo := a.wideDebt(s, now, rel)
+		lo, carry := bits.Add64(lo, c*w, 0)
+		lo, borrow := bits.Sub64(lo, tau, 0)
+		d.RetryAfter = msU(ceilDiv128(hi+carry-borrow, lo, a.Limit))
 	}
 	if rel < tau {
 		d.Remaining = (tau - rel) / w
 	}
-	d.ResetAfter = msU(ceilDiv(rel, a.Limit))
+	hi, lo := a.wideDebt(s, now, rel)
+	d.ResetAfter = msU(ceilDiv128(hi, lo, a.Limit))
 	if rel == 0 {
 		return d, TokenBucketState{}
 	}
