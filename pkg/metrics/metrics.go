@@ -24,6 +24,7 @@ type Metrics struct {
 	reloads         reloads
 	lastReloadTime  prometheus.Gauge
 	rules           *prometheus.GaugeVec
+	ruleDomains     map[string]bool // the domains rules has a series of (Reloaded, one goroutine)
 	registerer      prometheus.Registerer
 }
 
@@ -227,14 +228,25 @@ func (m *Metrics) StoreError(kind string) { m.storeErrors.WithLabelValues(kind).
 
 // Reloaded records a configuration load: initial is true for the load at
 // start (which sets the gauges but is not counted as a reload), rules maps
-// each domain to its number of rules (nil when the load failed).
+// each domain to its number of rules (nil when the load failed). It is
+// called by one goroutine at a time (the configuration watcher's).
 func (m *Metrics) Reloaded(initial, ok bool, at time.Time, rules map[string]int) {
 	m.reloads.record(initial, ok)
 	if ok {
 		m.lastReloadTime.Set(float64(at.UnixNano()) / 1e9)
-		m.rules.Reset()
+		// Set, then drop the domains gone: a scrape meanwhile sees every
+		// domain that stays (after a Reset it could see none).
 		for d, n := range rules {
 			m.rules.WithLabelValues(d).Set(float64(n))
+		}
+		for d := range m.ruleDomains {
+			if _, still := rules[d]; !still {
+				m.rules.DeleteLabelValues(d)
+			}
+		}
+		m.ruleDomains = make(map[string]bool, len(rules))
+		for d := range rules {
+			m.ruleDomains[d] = true
 		}
 	}
 }
