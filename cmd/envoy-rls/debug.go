@@ -144,7 +144,7 @@ func (d *debugTools) register(mux *http.ServeMux) {
 	mux.HandleFunc("DELETE /debug/top", d.resetTop)
 }
 
-const explainUsage = "usage: /debug/explain?domain=D&descriptor=k=v[,k=v...] (or repeated &entry=k=v for values with commas) [&format=text]"
+const explainUsage = "usage: /debug/explain?domain=D&descriptor=k=v[,k=v...] (or repeated &entry=k=v for values with commas) [&format=text|json]"
 
 // explain serves /debug/explain: the rule a descriptor matches and its
 // counters' state, without counting (rls.Service.Explain).
@@ -153,6 +153,10 @@ func (d *debugTools) explain(w http.ResponseWriter, r *http.Request) {
 	entries, err := parseExplainEntries(q["descriptor"], q["entry"])
 	if err != nil {
 		http.Error(w, err.Error()+"\n"+explainUsage, http.StatusBadRequest)
+		return
+	}
+	if f := q.Get("format"); f != "" && f != "text" && f != "json" {
+		http.Error(w, fmt.Sprintf("format %q: want text or json (the default)\n%s", f, explainUsage), http.StatusBadRequest)
 		return
 	}
 	if d.svc == nil {

@@ -222,6 +222,8 @@ func testExplainEndToEnd(t *testing.T, tg debugTarget, configDir string) {
 		"domain=edge&descriptor=a=b&entry=c=d":               "not both",
 		"domain=edge&descriptor==x":                          "want key=value",
 		"domain=edge&descriptor=a=b&descriptor=remote_addr=": "one descriptor at a time",
+		"domain=edge&descriptor=a=b&format=xml":              `format "xml": want text or json`,
+		"domain=edge&descriptor=a=b&format=TEXT":             `format "TEXT": want text or json`,
 	} {
 		code, body := httpGet(t, "http://"+tg.debug+"/debug/explain?"+q)
 		if code != http.StatusBadRequest || !strings.Contains(body, want) {
@@ -377,6 +379,26 @@ func TestTopCommandErrors(t *testing.T) {
 	}
 	if err := topMain([]string{"extra"}, &out, &errOut); err == nil {
 		t.Error("an argument accepted")
+	}
+	// http.Client takes a timeout of 0 or less for none: top would wait
+	// for ever on a server that never answers.
+	for _, d := range []string{"0s", "-1s"} {
+		if err := topMain([]string{"--addr", addr, "--timeout", d}, &out, &errOut); err == nil || !strings.Contains(err.Error(), "--timeout") {
+			t.Errorf("--timeout %s: %v, want a usage error naming it", d, err)
+		}
+	}
+}
+
+// TestHTTPServersCloseIdleConnections: the metrics and debug listeners close
+// a keep-alive connection left idle (net/http waits for the next request
+// without a deadline otherwise: any client could hold connections, each
+// with a goroutine and a file, for ever; a review's finding), bound the
+// headers' arrival, and set no write timeout, which would cut
+// /debug/pprof/profile short.
+func TestHTTPServersCloseIdleConnections(t *testing.T) {
+	s := newHTTPServer(http.NotFoundHandler(), nil)
+	if s.IdleTimeout <= 0 || s.IdleTimeout > httpIdleTimeout || s.ReadHeaderTimeout <= 0 || s.WriteTimeout != 0 {
+		t.Errorf("IdleTimeout %v, ReadHeaderTimeout %v, WriteTimeout %v", s.IdleTimeout, s.ReadHeaderTimeout, s.WriteTimeout)
 	}
 }
 

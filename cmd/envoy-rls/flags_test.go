@@ -27,7 +27,6 @@ func TestServeFlagsFromEnvironment(t *testing.T) {
 		"ENVOY_RLS_REDIS_URL":            "redis://10.0.0.1:6379",
 		"ENVOY_RLS_GRPC_ADDR":            ":1111", // the command line wins
 		"ENVOY_RLS_SHADOW":               "true",
-		"ENVOY_RLS_REDIS_CLUSTER_ADDRS":  "a:1, b:2,,c:3",
 		"ENVOY_RLS_REDIS_TIMEOUT":        "75ms",
 		"ENVOY_RLS_FALLBACK_INSTANCES":   "4",
 		"ENVOY_RLS_SOMETHING_IRRELEVANT": "x",
@@ -38,9 +37,15 @@ func TestServeFlagsFromEnvironment(t *testing.T) {
 		t.Fatal(err)
 	}
 	if o.store.redisURL != "redis://10.0.0.1:6379" || o.grpcAddr != ":2222" || !o.shadow ||
-		o.store.redisClusterAddrs.String() != "a:1,b:2,c:3" || o.store.redisTimeout != 75*time.Millisecond ||
-		o.store.fallbackInstances != 4 {
+		o.store.redisTimeout != 75*time.Millisecond || o.store.fallbackInstances != 4 {
 		t.Errorf("parsed %+v", o)
+	}
+	// A list from the environment is split as on the command line.
+	cluster := func(k string) (string, bool) {
+		return "a:1, b:2,,c:3", k == "ENVOY_RLS_REDIS_CLUSTER_ADDRS"
+	}
+	if o, err := parseServeFlags(nil, io.Discard, cluster); err != nil || o.store.redisClusterAddrs.String() != "a:1,b:2,c:3" {
+		t.Errorf("ENVOY_RLS_REDIS_CLUSTER_ADDRS: %v, %q", err, o.store.redisClusterAddrs.String())
 	}
 	if o.configDir != "./config" || o.httpAddr != ":9090" || o.debugAddr != "127.0.0.1:6070" {
 		t.Errorf("defaults changed: %+v", o)
@@ -123,6 +128,8 @@ func TestServeFlagsOutOfRange(t *testing.T) {
 		{args: []string{"--redis.url", "redis://h:1", "--redis.spare-after", "-1ms"}, want: "--redis.spare-after -1ms: must be 0 or more"},
 		{env: map[string]string{"ENVOY_RLS_REDIS_SENTINEL_MASTER": "mymaster"}, want: "--redis.sentinel-master set, but no Redis to connect to"},
 		{args: []string{"--redis.password", "x", "--redis.tls.ca", "ca.pem"}, want: "--redis.password, --redis.tls.ca set, but no Redis"},
+		{args: []string{"--redis.url", "redis://h:1", "--redis.cluster-addrs", "h:2"}, want: "--redis.url and --redis.cluster-addrs are mutually exclusive"},
+		{args: []string{"--redis.cluster-addrs", "h:2"}, env: map[string]string{"ENVOY_RLS_REDIS_SENTINEL_ADDRS": "h:3"}, want: "--redis.cluster-addrs and --redis.sentinel-addrs are mutually exclusive"},
 		{args: []string{"--grpc.socket-mode", "0660"}, want: "--grpc.socket-mode is set, but --grpc.addr :8081 is no Unix socket"},
 		{env: map[string]string{"ENVOY_RLS_GRPC_SOCKET_MODE": "0660"}, want: "--grpc.socket-mode is set, but --grpc.addr"},
 		{args: []string{"--grpc.tls.cert", "tls.crt"}, want: "--grpc.tls.cert and --grpc.tls.key go together"},

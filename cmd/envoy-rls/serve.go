@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	stdlog "log"
 	"log/slog"
 	"math"
 	"net"
@@ -133,6 +134,18 @@ func parseServeFlags(args []string, stderr io.Writer, lookupEnv func(string) (st
 		// instances: refuse rather than drop what was meant for Redis.
 		return o, usageError{msg: fmt.Sprintf("%s set, but no Redis to connect to: set --redis.url, --redis.cluster-addrs or --redis.sentinel-addrs (or leave every --redis.* flag out to count in memory)",
 			strings.Join(redisGiven, ", "))}
+	}
+	var topologies []string
+	for _, t := range []struct {
+		flag string
+		set  bool
+	}{{"--redis.url", o.store.redisURL != ""}, {"--redis.cluster-addrs", len(o.store.redisClusterAddrs) > 0}, {"--redis.sentinel-addrs", len(o.store.redisSentinelAddrs) > 0}} {
+		if t.set {
+			topologies = append(topologies, t.flag)
+		}
+	}
+	if len(topologies) > 1 {
+		return o, usageError{msg: strings.Join(topologies, " and ") + " are mutually exclusive: set only one"}
 	}
 	return o, nil
 }
@@ -367,9 +380,9 @@ func serve(ctx context.Context, o serveOptions, log *slog.Logger, hup <-chan os.
 	// net/http's own lines (an accept error, a handler's panic) through
 	// the service's logger too, not the standard library's default one.
 	httpLog := slog.NewLogLogger(log.With("component", "http").Handler(), slog.LevelWarn)
-	s.http = &http.Server{Handler: s.httpMux(), ReadHeaderTimeout: 5 * time.Second, ErrorLog: httpLog}
+	s.http = newHTTPServer(s.httpMux(), httpLog)
 	if o.debugAddr != "" {
-		s.debug = &http.Server{Handler: s.debugMux(), ReadHeaderTimeout: 5 * time.Second, ErrorLog: httpLog}
+		s.debug = newHTTPServer(s.debugMux(), httpLog)
 	}
 	return s.run(ctx, o, hup, ready)
 }
@@ -523,6 +536,20 @@ func (s *server) debugMux() *http.ServeMux {
 	})
 	s.dbg.register(mux) // /debug/explain, /debug/top
 	return mux
+}
+
+// httpIdleTimeout closes a keep-alive connection of the metrics or debug
+// listener after this long without a request: net/http waits for the next
+// request without a deadline otherwise (ReadHeaderTimeout does not bound
+// that wait), and each idle connection keeps a goroutine and a file.
+const httpIdleTimeout = 2 * time.Minute
+
+// newHTTPServer returns the server of the metrics or debug listener: a
+// request's headers must arrive within 5 s, an idle connection is closed
+// after httpIdleTimeout. No write timeout: /debug/pprof/profile writes for
+// as long as it was asked to profile.
+func newHTTPServer(h http.Handler, errorLog *stdlog.Logger) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: httpIdleTimeout, ErrorLog: errorLog}
 }
 
 func ignoreClosed(err error) error {

@@ -26,7 +26,7 @@ func topMain(args []string, stdout, stderr io.Writer) error {
 	raw := fs.Bool("json", false, "print the server's JSON as is")
 	timeout := fs.Duration("timeout", 5*time.Second, "deadline of each HTTP request")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: envoy-rls top [--addr HOST:PORT] [--n N] [--domain D] [--rule R] [--json] [--reset]")
+		fmt.Fprintln(stderr, "Usage: envoy-rls top [--addr HOST:PORT] [--n N] [--domain D] [--rule R] [--json] [--reset] [--timeout D]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -37,6 +37,9 @@ func topMain(args []string, stdout, stderr io.Writer) error {
 	}
 	if *n < 1 {
 		return usageError{msg: "--n must be at least 1"}
+	}
+	if *timeout <= 0 {
+		return usageError{msg: fmt.Sprintf("--timeout %v: must be positive", *timeout)}
 	}
 	q := url.Values{"n": {strconv.Itoa(*n)}}
 	if *domain != "" {

@@ -390,6 +390,10 @@ func (c *Cache) insert(q *limiter.Request, e entry) {
 		}
 	}
 	s.m[id] = e
+	// An entry that expires before the last fruitless sweep's earliest
+	// expiry (room was made by a forget, not a sweep) makes sweeping useful
+	// from its expiry on.
+	s.noSweepBefore = min(s.noSweepBefore, e.until+1)
 	c.recorded.Add(1)
 }
 

@@ -354,6 +354,43 @@ func TestBounded(t *testing.T) {
 	}
 }
 
+// TestSweptAfterAForget: a full shard is swept when it holds an expired
+// entry, also one stored after its last fruitless sweep, in room a forget
+// made (an admission drops its counter's entry). The shard remembered only
+// that sweep's earliest expiry, and skipped denials until then although an
+// entry had expired since (a review's finding): more store calls, and
+// envoy_rls_deny_cache_skipped_total counting them as "full of live
+// entries".
+func TestSweptAfterAForget(t *testing.T) {
+	clock := limitertest.NewClock(time.UnixMilli(start))
+	in := &scripted{retry: map[string]time.Duration{"A": 500 * time.Millisecond, "B": 500 * time.Millisecond,
+		"C": 500 * time.Millisecond, "D": 10 * time.Millisecond, "E": 500 * time.Millisecond}}
+	c := newCache(t, in, clock, Options{MaxEntries: 2, Shards: 1})
+	l := limiter.Limit{Requests: 1, Window: time.Second}
+	req := func(k string) limiter.Request { return limiter.Request{Key: k, Limit: l, Hits: 1} }
+	check(t, c, req("A"))
+	check(t, c, req("B"))
+	check(t, c, req("C")) // full of live entries: skipped, no sweep before +500 ms
+	if st := c.Stats(); st.Skipped != 1 || st.Recorded != 2 {
+		t.Fatalf("after A, B, C: %+v, want 2 recorded and C skipped", st)
+	}
+	delete(in.retry, "B") // B admitted (its limit raised by a reload): its entry forgotten
+	raised := req("B")
+	raised.Limit.Requests = 2
+	check(t, c, raised)
+	check(t, c, req("D")) // stored, expiring at +10 ms
+	clock.Advance(20 * time.Millisecond)
+	check(t, c, req("E")) // the shard is full, but D has expired
+	if st := c.Stats(); st.Skipped != 1 || st.Recorded != 4 {
+		t.Errorf("after E: %+v, want E recorded in D's place, nothing more skipped", st)
+	}
+	calls := in.calls
+	check(t, c, req("E"))
+	if in.calls != calls {
+		t.Errorf("E's denial was not cached: the second E went to the store")
+	}
+}
+
 // TestEntryMemory fills a Cache with denials of distinct keys from 16 bytes
 // to 5,000 (five values of 1,000 bytes), each key a part of a larger string
 // as the keys of a request are parts of one buffer, and measures the heap the

@@ -65,6 +65,28 @@ func (s sourced) Check(ctx context.Context, reqs []limiter.Request, results []li
 	return err
 }
 
+// scripted is a limiter.Limiter that denies a key with the RetryAfter (and
+// ResetAfter) set for it and admits any other, counting its calls.
+type scripted struct {
+	mu    sync.Mutex
+	retry map[string]time.Duration
+	calls int
+}
+
+func (s *scripted) Check(_ context.Context, reqs []limiter.Request, res []limiter.Result) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls++
+	for i, q := range reqs {
+		if r, ok := s.retry[q.Key]; ok {
+			res[i] = limiter.Result{RetryAfter: r, ResetAfter: r, Source: limiter.SourceStore}
+		} else {
+			res[i] = limiter.Result{Allowed: true, Remaining: 1, ResetAfter: q.Limit.Window, Source: limiter.SourceStore}
+		}
+	}
+	return nil
+}
+
 // denyAll is a limiter.Limiter whose limits admit nothing: every request is
 // denied with the window as RetryAfter and ResetAfter.
 type denyAll struct{}

@@ -57,9 +57,9 @@ var badCases = []struct{ file, at, msg string }{
 	{"rate_limits_empty", "4:18", "rate_limits is empty"},
 	{"replaces_empty_name", "6:17", "a replaces entry has an empty name"},
 	{"replaces_self", "7:17", `replaces names this descriptor's own rate limit "specific_limit"`},
-	{"requests_float", "6:26", "requests_per_unit must be a positive integer, got the number 10.5"},
-	{"requests_negative", "6:26", "requests_per_unit must be a positive integer, got -5"},
-	{"requests_string", "6:26", `requests_per_unit must be a positive integer, got the string "ten"`},
+	{"requests_float", "6:26", "requests_per_unit must be an integer, 0 (blocks) or more, got the number 10.5"},
+	{"requests_negative", "6:26", "requests_per_unit must be an integer, 0 (blocks) or more, got -5"},
+	{"requests_string", "6:26", `requests_per_unit must be an integer, 0 (blocks) or more, got the string "ten"`},
 	{"requests_too_large", "6:26", "requests_per_unit 9007199254740992 is too large (maximum 9007199254740991"},
 	{"root_list", "1:1", "a descriptor file must be a mapping with domain and descriptors, got a list"},
 	{"share_threshold_not_wildcard", "5:5", "share_threshold needs a wildcard value"},
@@ -295,7 +295,7 @@ func TestAllErrorsReported(t *testing.T) {
 	}
 	want := []string{
 		`5:24: unknown unit "fortnight"`,
-		"7:51: requests_per_unit must be a positive integer, got -1",
+		"7:51: requests_per_unit must be an integer, 0 (blocks) or more, got -1",
 		"10:9: descriptor has a value but no key",
 		"12:56: burst applies only to algorithm token_bucket",
 	}

@@ -487,14 +487,19 @@ func (c *compiler) boolean(n *yaml.Node, field string) (bool, bool) {
 // positive returns the value of a positive integer field (at most
 // MaxRequests).
 func (c *compiler) positive(n *yaml.Node, field string) (uint64, bool) {
+	// requests_per_unit may be 0 (it blocks); the message says so.
+	want := "a positive integer"
+	if field == "requests_per_unit" {
+		want = "an integer, 0 (blocks) or more"
+	}
 	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" {
-		c.errorf(c.pos(n), "%s must be a positive integer, got %s", field, kindName(n))
+		c.errorf(c.pos(n), "%s must be %s, got %s", field, want, kindName(n))
 		return 0, false
 	}
 	var v int64
 	if err := n.Decode(&v); err != nil {
 		if strings.HasPrefix(strings.TrimSpace(n.Value), "-") {
-			c.errorf(c.pos(n), "%s must be a positive integer, got %s", field, n.Value)
+			c.errorf(c.pos(n), "%s must be %s, got %s", field, want, n.Value)
 		} else {
 			c.errorf(c.pos(n), "%s %s is too large (maximum %d)", field, n.Value, int64(MaxRequests))
 		}
@@ -506,7 +511,7 @@ func (c *compiler) positive(n *yaml.Node, field string) (uint64, bool) {
 		// over the limit (see Limit.Blocked).
 		return 0, true
 	case v <= 0:
-		c.errorf(c.pos(n), "%s must be a positive integer, got %d", field, v)
+		c.errorf(c.pos(n), "%s must be %s, got %d", field, want, v)
 		return 0, false
 	case v > MaxRequests:
 		c.errorf(c.pos(n), "%s %d is too large (maximum %d, the largest integer Redis's Lua numbers hold exactly)", field, v, int64(MaxRequests))
