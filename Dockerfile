@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # envoy-rls: a static binary on distroless, running as nonroot.
 
-FROM golang:1.26 AS build
+FROM golang:1.26.8 AS build
 WORKDIR /src
 # Dependencies first, so a source change does not re-download modules.
 COPY go.mod go.sum ./
@@ -17,7 +17,8 @@ COPY --from=build /out/envoy-rls /usr/local/bin/envoy-rls
 # flag also has an ENVOY_RLS_* environment variable (see `envoy-rls -h`).
 ENV ENVOY_RLS_CONFIG_DIR=/etc/envoy-rls
 COPY config/ /etc/envoy-rls/
-USER nonroot
+# nonroot by number: Kubernetes' runAsNonRoot cannot verify a user name.
+USER 65532:65532
 # 8081: gRPC (RateLimitService v3, health, reflection); 9090: HTTP /metrics,
 # /healthz, /readyz. The debug listener stays on the container's loopback.
 EXPOSE 8081 9090

@@ -353,7 +353,45 @@ func TestBuildsUseVTProtobuf(t *testing.T) {
 			}
 		}
 	}
-	if !tags || commands != 4 {
-		t.Errorf("Makefile: GOTAGS defaults to vtprotobuf: %v; go test, vet, build and run: %d of 4 found", tags, commands)
+	if !tags || commands != 5 {
+		t.Errorf("Makefile: GOTAGS defaults to vtprotobuf: %v; go test, vet (twice: Linux and darwin), build and run: %d of 5 found", tags, commands)
+	}
+}
+
+// TestDockerfileImage: the build stage's Go image is the exact version
+// go.mod asks for (the golang image sets GOTOOLCHAIN=local, so a cached
+// golang:1.26 older than go.mod's patch release would fail the build, and a
+// newer one would build with another Go than the tests ran), and the final
+// stage runs as a numeric non-root user (Kubernetes' runAsNonRoot refuses a
+// user name it cannot verify).
+func TestDockerfileImage(t *testing.T) {
+	root := repoRoot(t)
+	mod, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var goVersion string
+	for _, line := range strings.Split(string(mod), "\n") {
+		if v, ok := strings.CutPrefix(line, "go "); ok {
+			goVersion = strings.TrimSpace(v)
+		}
+	}
+	docker, err := os.ReadFile(filepath.Join(root, "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var from, user []string
+	for _, line := range strings.Split(string(docker), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && f[0] == "FROM" {
+			from = append(from, f[1])
+		} else if len(f) > 1 && f[0] == "USER" {
+			user = append(user, f[1])
+		}
+	}
+	if goVersion == "" || len(from) == 0 || from[0] != "golang:"+goVersion {
+		t.Errorf("Dockerfile builds FROM %v, go.mod asks for go %q: want golang:%s first", from, goVersion, goVersion)
+	}
+	if len(user) != 1 || user[0] != "65532:65532" {
+		t.Errorf("Dockerfile USER %v, want 65532:65532 (distroless's nonroot, by number)", user)
 	}
 }
