@@ -120,6 +120,7 @@ func TestServeFlagsOutOfRange(t *testing.T) {
 		{args: []string{"--redis.url", "redis://h:1", "--redis.senders", "0"}, want: "--redis.senders 0: must be -1 (off) or 1 or more"},
 		{args: []string{"--redis.url", "redis://h:1", "--redis.senders", "-7"}, want: "--redis.senders -7: must be -1 (off) or 1 or more"},
 		{args: []string{"--redis.url", "redis://h:1", "--redis.max-batch", "0"}, want: "--redis.max-batch 0: must be 1 or more"},
+		{args: []string{"--redis.url", "redis://h:1", "--redis.key-prefix", ""}, want: `--redis.key-prefix "": must not be empty`},
 		// An empty list of client names would leave mutual TLS open to
 		// any certificate of the CA.
 		{args: []string{"--grpc.tls.cert", "c", "--grpc.tls.key", "k", "--grpc.tls.client-ca", "ca"}, env: map[string]string{"ENVOY_RLS_GRPC_TLS_CLIENT_SAN": " , "}, want: `ENVOY_RLS_GRPC_TLS_CLIENT_SAN=" , ": no value`},

@@ -175,6 +175,9 @@ func (o serveOptions) checkRanges() error {
 	case o.store.redisSenders == 0 || o.store.redisSenders < -1:
 		// The backend would take 0 for its default and any negative for off.
 		return usageError{msg: fmt.Sprintf("--redis.senders %d: must be -1 (off) or 1 or more", o.store.redisSenders)}
+	case o.store.redisKeyPrefix == "":
+		// The backend would take its default, rls:, for it.
+		return usageError{msg: `--redis.key-prefix "": must not be empty (the default is rls:)`}
 	case o.store.redisMaxBatch < 1:
 		return usageError{msg: fmt.Sprintf("--redis.max-batch %d: must be 1 or more", o.store.redisMaxBatch)}
 	case o.grpcWindow != 0 && (o.grpcWindow < 65535 || o.grpcWindow > math.MaxInt32):

@@ -31,6 +31,11 @@ func TestOptionsValidation(t *testing.T) {
 		{"unix socket", Options{URL: "unix:///run/redis/redis.sock?db=2"}, nil},
 		{"unix socket without a path", Options{URL: "unix://"}, []string{"--redis.url", "empty unix socket path"}},
 		{"unix socket with a host", Options{URL: "unix://var/run/redis.sock"}, []string{"names a host (var)", "unix:///absolute/path"}},
+		// A URL refused at start names no password (its error is logged):
+		// url.Error quoted the whole URL, and an escape error the escape.
+		{"password with a bad escape", Options{URL: "redis://app:Zq7%xSecret@127.0.0.1:6379/0"}, []string{"--redis.url: parse: a % not followed by two hexadecimal digits (write a % in a password as %25)"}},
+		{"bad port with a password", Options{URL: "redis://app:Zq7xSecret@127.0.0.1:63a9/0"}, []string{`--redis.url: parse: invalid port ":63a9" after host`}},
+		{"unix socket with a host and a password", Options{URL: "unix://app:Zq7xSecret@localhost/run/redis.sock"}, []string{"--redis.url unix://app:xxxxx@localhost/run/redis.sock names a host (localhost)"}},
 		{"unix socket path too long", Options{URL: "unix:///" + strings.Repeat("d", 120)}, []string{"is 121 bytes, longer than a Unix socket address holds (107)"}},
 		{"unix socket with TLS", Options{URL: "unix:///run/redis/redis.sock", TLS: func() *tls.Config { return &tls.Config{} }}, []string{"--redis.url /run/redis/redis.sock is a Unix socket", "remove the --redis.tls.* flags"}},
 		{"empty address", Options{ClusterAddrs: []string{"a:1", " "}}, []string{"empty addresses"}},
@@ -71,6 +76,9 @@ func TestOptionsValidation(t *testing.T) {
 				if !strings.Contains(err.Error(), w) {
 					t.Errorf("error %q does not mention %q", err, w)
 				}
+			}
+			if strings.Contains(err.Error(), "Zq7") || strings.Contains(err.Error(), "xS") {
+				t.Errorf("error %q shows (a piece of) the URL's password", err)
 			}
 		})
 	}

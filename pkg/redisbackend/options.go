@@ -226,7 +226,7 @@ func (o *Options) newClient(topo topology) (redis.UniversalClient, error) {
 	default:
 		ro, err := redis.ParseURL(o.URL)
 		if err != nil {
-			return nil, fmt.Errorf("--redis.url: %w", err)
+			return nil, fmt.Errorf("--redis.url: %w", withoutURL(err))
 		}
 		if ro.Network == "unix" {
 			if err := checkSocketURL(o.URL, ro.Addr, o.TLS != nil); err != nil {
@@ -288,18 +288,33 @@ func (o *Options) dialer(timeout time.Duration) func(context.Context, string, st
 	}
 }
 
+// withoutURL is err without the URL a *url.Error quotes whole, password
+// included: the error of a --redis.url that does not parse goes to the
+// log.
+func withoutURL(err error) error {
+	var ue *url.Error
+	if !errors.As(err, &ue) {
+		return err
+	}
+	var esc url.EscapeError // quotes the escape, perhaps a piece of the password
+	if errors.As(ue.Err, &esc) {
+		return fmt.Errorf("%s: a %% not followed by two hexadecimal digits (write a %% in a password as %%25)", ue.Op)
+	}
+	return fmt.Errorf("%s: %w", ue.Op, ue.Err)
+}
+
 // checkSocketURL refuses, at start, a unix:// --redis.url that would fail
 // at every connection, or reach another socket than it seems to name.
 func checkSocketURL(rawURL, path string, withTLS bool) error {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return fmt.Errorf("--redis.url: %w", err)
+		return fmt.Errorf("--redis.url: %w", withoutURL(err))
 	}
 	switch {
 	case u.Host != "":
 		// go-redis would dial the path alone: unix://var/run/x.sock is
 		// /run/x.sock.
-		return fmt.Errorf("--redis.url %s names a host (%s); a Unix socket's URL is unix:///absolute/path", rawURL, u.Host)
+		return fmt.Errorf("--redis.url %s names a host (%s); a Unix socket's URL is unix:///absolute/path", u.Redacted(), u.Host)
 	case len(path) > listen.MaxPath:
 		return fmt.Errorf("--redis.url: socket path %s is %d bytes, longer than a Unix socket address holds (%d)", path, len(path), listen.MaxPath)
 	case withTLS:
