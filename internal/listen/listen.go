@@ -9,6 +9,8 @@ package listen
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -65,9 +67,18 @@ func UnixPath(addr string) (string, error) {
 		return "", fmt.Errorf("%q: a socket path with '?', '#' or '%%' reads differently as a gRPC target; choose another", addr)
 	case len(rest) > MaxPath:
 		return "", fmt.Errorf("socket path %s is %d bytes, longer than a Unix socket address holds (%d)", rest, len(rest), MaxPath)
+	case len(stagingPath(filepath.Dir(rest), "00000000")) > MaxPath:
+		dir := filepath.Dir(rest)
+		return "", fmt.Errorf("socket path %s: its directory's path is %d bytes, and the socket is made first in a private folder there, %d bytes more, over the %d a socket address holds",
+			rest, len(dir), len(stagingPath(dir, "00000000"))-len(dir), MaxPath)
 	}
 	return rest, nil
 }
+
+// stagingPath is where Listen makes a socket before moving it to a path in
+// dir: s in a private folder .rls-<8 hexadecimal digits> (a fixed length,
+// so that whether it fits a socket address does not depend on the draw).
+func stagingPath(dir, id string) string { return filepath.Join(dir, ".rls-"+id, "s") }
 
 // Target returns a listener's address as gRPC clients dial it: host:port,
 // or unix:/path for a Unix socket.
@@ -106,15 +117,11 @@ func Listen(ctx context.Context, addr string, mode fs.FileMode) (net.Listener, e
 	}
 	// A directory only this user may enter: nobody else can reach the
 	// socket there, or swap it for a link before the chmod.
-	tmpDir, err := os.MkdirTemp(filepath.Dir(path), ".rls-")
+	tmp, err := makeStaging(filepath.Dir(path))
 	if err != nil {
 		return nil, fmt.Errorf("socket %s: %w", path, err)
 	}
-	defer os.RemoveAll(tmpDir)
-	tmp := filepath.Join(tmpDir, "s")
-	if len(tmp) > MaxPath {
-		return nil, fmt.Errorf("socket path %s: its directory's path is too long to create the socket in (a socket address holds %d bytes)", path, MaxPath)
-	}
+	defer os.RemoveAll(filepath.Dir(tmp))
 	var lc net.ListenConfig
 	l, err := lc.Listen(ctx, "unix", tmp)
 	if err != nil {
@@ -136,6 +143,26 @@ func Listen(ctx context.Context, addr string, mode fs.FileMode) (net.Listener, e
 		return nil, fmt.Errorf("socket %s: %w", path, err)
 	}
 	return &unixListener{UnixListener: ul, path: path, file: fi}, nil
+}
+
+// makeStaging makes a private folder in dir (mode 0700) and returns the
+// socket path in it (stagingPath).
+func makeStaging(dir string) (string, error) {
+	var id [4]byte
+	for range 100 {
+		if _, err := rand.Read(id[:]); err != nil {
+			return "", err
+		}
+		tmp := stagingPath(dir, hex.EncodeToString(id[:]))
+		err := os.Mkdir(filepath.Dir(tmp), 0o700)
+		if err == nil {
+			return tmp, nil
+		}
+		if !errors.Is(err, fs.ErrExist) {
+			return "", err
+		}
+	}
+	return "", fmt.Errorf("no free private folder name in %s after 100 tries", dir)
 }
 
 // refuseInUse returns an error if path exists and is not a stale socket.

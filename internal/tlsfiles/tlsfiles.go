@@ -20,6 +20,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"slices"
@@ -197,7 +198,7 @@ func (f *ServerFiles) Register(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&f.Cert, prefix+"cert", "", fmt.Sprintf("PEM certificate (with its chain) to serve TLS with (with --%skey); renewed files are read at the next handshake", prefix))
 	fs.StringVar(&f.Key, prefix+"key", "", fmt.Sprintf("PEM key of --%scert", prefix))
 	fs.StringVar(&f.ClientCA, prefix+"client-ca", "", fmt.Sprintf("PEM file of the authorities that sign client certificates: every client must present one (mutual TLS; needs --%scert)", prefix))
-	fs.Var((*flagvalue.List)(&f.ClientSANs), prefix+"client-san", fmt.Sprintf("names a client certificate must carry one of, comma-separated or repeated: host names or IP addresses it is valid for (a wildcard name in the certificate, *.edge.internal, covers gw-1.edge.internal), URIs (a SPIFFE ID) or e-mail addresses (needs --%sclient-ca)", prefix))
+	fs.Var((*flagvalue.List)(&f.ClientSANs), prefix+"client-san", fmt.Sprintf("names a client certificate must carry one of, comma-separated or repeated: host names or IP addresses it is valid for (a wildcard name in the certificate, *.edge.internal, covers gw-1.edge.internal), URIs (a SPIFFE ID) or e-mail addresses, each compared with the certificate's names of its type (needs --%sclient-ca)", prefix))
 }
 
 // CheckFlags refuses a partial setting of the flags Register registered
@@ -370,6 +371,13 @@ func (w *watched) current() *tls.Config {
 		// A later read was applied while this one was built.
 		return w.cfg
 	}
+	if c.stamp == w.badStamp || (c.stamp == w.stamp && w.badStamp == "") {
+		// An earlier read of the same files was applied (and reported)
+		// while this one was built: handshakes that overlap a renewal
+		// report it once.
+		w.applied = c.n
+		return w.cfg
+	}
 	w.applied = c.n
 	if err != nil {
 		w.badStamp = c.stamp
@@ -465,11 +473,15 @@ func keyPair(c contents, certFile, keyFile string) (tls.Certificate, error) {
 }
 
 // verifyClientNames accepts a connection whose (verified) client
-// certificate names one of names: a host name or IP address the
-// certificate is valid for (as a server's would be checked, so that a
-// wildcard DNS name covers its subdomains, as envoyproxy/ratelimit's
-// GRPC_CLIENT_TLS_SAN does), or one of its URIs or e-mail addresses, as
-// written.
+// certificate names one of names, each compared with the SANs of its own
+// type only: a URI (a name with a scheme, spiffe://… or urn:…) with the
+// certificate's URIs as written, an e-mail address (a name with an @) with
+// its e-mail addresses as written, and any other name as a host name or IP
+// address the certificate is valid for (as a server's would be checked, so
+// that a wildcard DNS name covers its subdomains, as envoyproxy/ratelimit's
+// GRPC_CLIENT_TLS_SAN does). Compared with every type, a name matched a SAN
+// of another type that held the same text (a SPIFFE ID written as a DNS
+// name, in any case).
 func verifyClientNames(names []string) func(tls.ConnectionState) error {
 	return func(cs tls.ConnectionState) error {
 		if len(cs.PeerCertificates) == 0 {
@@ -477,8 +489,16 @@ func verifyClientNames(names []string) func(tls.ConnectionState) error {
 		}
 		c := cs.PeerCertificates[0]
 		for _, n := range names {
-			if c.VerifyHostname(n) == nil || slices.Contains(c.EmailAddresses, n) ||
-				slices.ContainsFunc(c.URIs, func(u *url.URL) bool { return u.String() == n }) {
+			var ok bool
+			switch {
+			case net.ParseIP(n) == nil && strings.Contains(n, ":"):
+				ok = slices.ContainsFunc(c.URIs, func(u *url.URL) bool { return u.String() == n })
+			case strings.Contains(n, "@"):
+				ok = slices.Contains(c.EmailAddresses, n)
+			default:
+				ok = c.VerifyHostname(n) == nil
+			}
+			if ok {
 				return nil
 			}
 		}
