@@ -57,6 +57,7 @@ func startProc(t testing.TB, name string, args ...string) *proc {
 	}
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdout, cmd.Stderr = lf, lf
+	testenv.DieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		lf.Close()
 		t.Fatalf("start %s: %v", name, err)

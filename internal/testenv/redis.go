@@ -547,7 +547,19 @@ func (r *Redis) startLocked() error {
 
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
-	if err := waitPing(ctx, r.Addr, p.done); err != nil {
+	err = waitPing(ctx, r.Addr, p.done)
+	if err == nil && !listensOn(p.cmd.Process.Pid, r.Port) {
+		// Another server answered on the port (one a parallel test
+		// binary started there since it was free): ours could not bind
+		// it, and exits.
+		select {
+		case <-p.done:
+			err = fmt.Errorf("another server answers on %s", r.Addr)
+		case <-ctx.Done():
+			err = fmt.Errorf("another server answers on %s, and this one (pid %d) does not listen there", r.Addr, p.cmd.Process.Pid)
+		}
+	}
+	if err != nil {
 		r.killLocked()
 		if strings.Contains(r.logTail(), "Address already in use") {
 			return fmt.Errorf("%s: %w", r.Addr, errPortInUse)
@@ -555,6 +567,37 @@ func (r *Redis) startLocked() error {
 		return err
 	}
 	return nil
+}
+
+// listensOn reports whether process pid holds a listening TCP socket on
+// port (of 127.0.0.1 or any address): one of its descriptors is a socket
+// that /proc/net/tcp or tcp6 lists in state LISTEN on that port.
+func listensOn(pid, port int) bool {
+	inodes := map[string]bool{}
+	suffix := fmt.Sprintf(":%04X", port)
+	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(table)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			f := strings.Fields(line)
+			if len(f) > 9 && strings.HasSuffix(f[1], suffix) && f[3] == "0A" {
+				inodes[f[9]] = true
+			}
+		}
+	}
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return false
+	}
+	for _, fd := range fds {
+		link, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
+		if inode, ok := strings.CutPrefix(link, "socket:["); err == nil && ok && inodes[strings.TrimSuffix(inode, "]")] {
+			return true
+		}
+	}
+	return false
 }
 
 // startProcess starts bin with args in dir, appending its stdout and stderr
@@ -570,6 +613,7 @@ func startProcess(bin string, args []string, dir, logPath string) (*process, err
 	cmd.Dir = dir
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
+	DieWithParent(cmd)
 	err = cmd.Start()
 	logFile.Close() // the child holds its own descriptor
 	if err != nil {
@@ -581,6 +625,19 @@ func startProcess(bin string, args []string, dir, logPath string) (*process, err
 		close(p.done)
 	}()
 	return p, nil
+}
+
+// DieWithParent makes the process cmd starts end with the test binary that
+// starts it (SIGKILL when its parent thread ends): a test binary that times
+// out panics without running the tests' cleanups, and left its servers
+// running, holding their ports and temporary folders. Go ends a thread
+// only when a goroutine locked to it exits, which the tests' goroutines
+// never are, so the parent thread lives as long as the binary.
+func DieWithParent(cmd *exec.Cmd) {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 }
 
 // kill sends SIGKILL and waits for the exit.

@@ -8,9 +8,12 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -105,6 +108,31 @@ func TestRedisServerLifecycle(t *testing.T) {
 	r.Start()
 	if err := c.Ping(ctx).Err(); err != nil {
 		t.Fatalf("PING after Kill+Start: %v", err)
+	}
+}
+
+// TestStartOnATakenPort: a server started on a port another server holds
+// fails with errPortInUse (so that the starters retry on a fresh port, and
+// Start after Stop fails loudly) instead of taking the other server's PING
+// for its own, which gave a test a server of another test binary's while
+// its own had exited (a review's finding).
+func TestStartOnATakenPort(t *testing.T) {
+	t.Parallel()
+	taken := RedisServer(t)
+	dir := t.TempDir()
+	r := &Redis{t: t, name: "redis-server", bin: taken.bin, dir: dir, logPath: filepath.Join(dir, "server.log"),
+		Port: taken.Port, Addr: taken.Addr, args: baseRedisArgs(taken.Port, dir)}
+	r.mu.Lock()
+	err := r.startLocked()
+	r.mu.Unlock()
+	if !errors.Is(err, errPortInUse) {
+		r.mu.Lock()
+		r.killLocked()
+		r.mu.Unlock()
+		t.Fatalf("started on %s, which another server holds: %v, want errPortInUse", taken.Addr, err)
+	}
+	if !listensOn(taken.proc.cmd.Process.Pid, taken.Port) {
+		t.Errorf("the server holding %s does not list as listening there", taken.Addr)
 	}
 }
 
@@ -457,5 +485,66 @@ static_resources:
 	e.Stop()
 	if _, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/", listen)); err == nil {
 		t.Fatal("GET succeeded after Stop")
+	}
+}
+
+// TestServersEndWithTheTestBinary: a server a test started ends when the
+// test binary ends without running the test's cleanups, as when -timeout
+// fires (a review's finding: such servers ran on, orphaned, holding their
+// ports). The test runs itself as a child that starts a redis-server and
+// exits at once, and waits for that server to be gone.
+func TestServersEndWithTheTestBinary(t *testing.T) {
+	if os.Getenv("TESTENV_ORPHAN_PARENT") == "1" {
+		dir, err := os.MkdirTemp("", "testenv-orphan-")
+		if err != nil {
+			fmt.Println("error:", err)
+			os.Exit(2)
+		}
+		port, err := freePort()
+		if err != nil {
+			fmt.Println("error:", err)
+			os.Exit(2)
+		}
+		p, err := startProcess(redisServerBinary(t), baseRedisArgs(port, dir), dir, filepath.Join(dir, "server.log"))
+		if err != nil {
+			fmt.Println("error:", err)
+			os.Exit(2)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+		defer cancel()
+		if err := waitPing(ctx, loopbackAddr(port), p.done); err != nil {
+			fmt.Println("error:", err)
+			os.Exit(2)
+		}
+		fmt.Printf("pid %d dir %s\n", p.cmd.Process.Pid, dir)
+		os.Exit(3) // no cleanup runs, as after a timeout's panic
+	}
+	t.Parallel()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestServersEndWithTheTestBinary$")
+	cmd.Env = append(os.Environ(), "TESTENV_ORPHAN_PARENT=1")
+	out, _ := cmd.Output()
+	var pid int
+	var dir string
+	if _, err := fmt.Sscanf(string(out), "pid %d dir %s", &pid, &dir); err != nil {
+		t.Fatalf("the child test binary printed %q: %v", out, err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	gone := func() bool {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return true
+		}
+		// A zombie waits for its new parent to reap it: it runs no more.
+		i := strings.LastIndexByte(string(b), ')')
+		return i > 0 && len(b) > i+2 && b[i+2] == 'Z'
+	}
+	ctx := testContext(t, readyTimeout)
+	for !gone() {
+		select {
+		case <-ctx.Done():
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			t.Fatalf("redis-server (pid %d) still runs after the test binary that started it ended", pid)
+		case <-time.After(pollInterval):
+		}
 	}
 }
