@@ -2,12 +2,15 @@ package denycache
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/envoy-rls/envoy-rls/internal/testenv"
+	"github.com/envoy-rls/envoy-rls/pkg/failsoft"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter"
 	"github.com/envoy-rls/envoy-rls/pkg/limiter/limitertest"
+	"github.com/envoy-rls/envoy-rls/pkg/memorybackend"
 	"github.com/envoy-rls/envoy-rls/pkg/redisbackend"
 )
 
@@ -141,5 +144,61 @@ func TestRedisRealClock(t *testing.T) {
 			}
 			t.Logf("%d local answers confirmed by Redis", probes)
 		})
+	}
+}
+
+// TestHammerProductionStack hammers the stack serve builds on a Redis: the
+// deny cache in front of the fail-soft layer in front of the Redis backend,
+// 4 instances (each with its own client, cache and fallback) sharing one
+// redis-server, 32 goroutines each, on one key, for every algorithm and a
+// token bucket whose burst differs from its rate, with 1 and 3 requests per
+// batch. limitertest.Hammer checks the admitted total and the counters
+// against the reference model exactly. (The layers were hammered each on
+// its own before: the cache over the memory backend, the backend alone.)
+func TestHammerProductionStack(t *testing.T) {
+	r := testenv.RedisServer(t)
+	type load struct {
+		alg   limiter.Algorithm
+		burst uint64
+	}
+	loads := []load{{alg: limiter.TokenBucket, burst: 300}}
+	for _, alg := range algorithms {
+		loads = append(loads, load{alg: alg})
+	}
+	for _, ld := range loads {
+		for _, per := range []int{1, 3} {
+			name := fmt.Sprintf("%v/batch%d", ld.alg, per)
+			if ld.burst > 0 {
+				name = fmt.Sprintf("%v_burst%d/batch%d", ld.alg, ld.burst, per)
+			}
+			t.Run(name, func(t *testing.T) {
+				clock := limitertest.NewClock(time.UnixMilli(start))
+				prefix := fmt.Sprintf("stack-%s:", strings.ReplaceAll(name, "/", "-"))
+				ls := make([]limiter.Limiter, 4)
+				for i := range ls {
+					rb, err := redisbackend.New(redisbackend.Options{URL: "redis://" + r.Addr, KeyPrefix: prefix, Now: clock.Now})
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { rb.Close() })
+					mem := memorybackend.New(memorybackend.Options{Now: clock.Now})
+					t.Cleanup(func() { mem.Close() })
+					fs, err := failsoft.New(failsoft.Options{Primary: rb, Fallback: mem, Heartbeat: rb, Now: clock.Now})
+					if err != nil {
+						t.Fatal(err)
+					}
+					ls[i] = newCache(t, fs, clock, Options{})
+				}
+				limitertest.Hammer(t, ls, clock, limitertest.HammerOptions{
+					Algorithm:  ld.alg,
+					Burst:      ld.burst,
+					Goroutines: 32,
+					Limit:      1000,
+					Window:     time.Minute,
+					Windows:    2,
+					PerBatch:   per,
+				})
+			})
+		}
 	}
 }
