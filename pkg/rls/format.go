@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -91,7 +92,7 @@ func formatValue(v *structpb.Value) string {
 	case *structpb.Value_StringValue:
 		return k.StringValue
 	case *structpb.Value_NumberValue:
-		return fmt.Sprint(k.NumberValue)
+		return strconv.FormatFloat(k.NumberValue, 'f', -1, 64) // 4999999, not 4.999999e+06
 	case *structpb.Value_BoolValue:
 		return fmt.Sprint(k.BoolValue)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files under testdata")
@@ -57,5 +58,15 @@ func TestGoldenResponses(t *testing.T) {
 				t.Errorf("%s differs:\n--- got\n%s--- want\n%s", path, out.Bytes(), want)
 			}
 		})
+	}
+}
+
+// TestFormatValueNumbers: metadata numbers print in digits, as the table
+// above them does: 4999999, not 4.999999e+06 (a review's finding).
+func TestFormatValueNumbers(t *testing.T) {
+	for v, want := range map[float64]string{0: "0", 12: "12", 4_999_999: "4999999", 9_007_199_254_740_991: "9007199254740991", 1.5: "1.5"} {
+		if got := formatValue(structpb.NewNumberValue(v)); got != want {
+			t.Errorf("formatValue(%v) = %q, want %q", v, got, want)
+		}
 	}
 }

@@ -361,6 +361,15 @@ func clamp32(v uint64) uint32 {
 	return uint32(v)
 }
 
+// maxSFInt is the largest integer a structured field holds (RFC 8941
+// §3.3.1: at most 15 digits; a parser rejects the whole field for a longer
+// one). A limit or a remaining count may reach 2^53−1, 16 digits.
+const maxSFInt = 999_999_999_999_999
+
+// appendSFInt appends v as a structured field's integer, capped at
+// maxSFInt.
+func appendSFInt(b []byte, v uint64) []byte { return strconv.AppendUint(b, min(v, maxSFInt), 10) }
+
 // ceilSeconds is d in whole seconds, rounded up, without the addition that
 // overflows for the longest waits (a token bucket's of over 292 years
 // saturate at the largest Duration).
@@ -452,20 +461,20 @@ func (s *Service) addHeaders(resp *rlsv3.RateLimitResponse, sc *scratch, k int,
 	case HeadersIETF:
 		sc.hdr = appendSFString(sc.hdr, m.name)
 		sc.hdr = append(sc.hdr, ";q="...)
-		sc.hdr = strconv.AppendUint(sc.hdr, q.Limit.Requests, 10)
+		sc.hdr = appendSFInt(sc.hdr, q.Limit.Requests)
 		sc.hdr = append(sc.hdr, ";w="...)
 		sc.hdr = strconv.AppendInt(sc.hdr, window, 10)
 		sc.endHeader(hdrPolicy)
 		sc.hdr = appendSFString(sc.hdr, m.name)
 		sc.hdr = append(sc.hdr, ";r="...)
-		sc.hdr = strconv.AppendUint(sc.hdr, r.Remaining, 10)
+		sc.hdr = appendSFInt(sc.hdr, r.Remaining)
 		sc.hdr = append(sc.hdr, ";t="...)
 		sc.hdr = strconv.AppendInt(sc.hdr, reset, 10)
 		sc.endHeader(hdrRateLimit)
 	case HeadersDraft03:
-		sc.hdr = strconv.AppendUint(sc.hdr, q.Limit.Requests, 10)
+		sc.hdr = appendSFInt(sc.hdr, q.Limit.Requests)
 		sc.hdr = append(sc.hdr, ", "...)
-		sc.hdr = strconv.AppendUint(sc.hdr, q.Limit.Requests, 10)
+		sc.hdr = appendSFInt(sc.hdr, q.Limit.Requests)
 		sc.hdr = append(sc.hdr, ";w="...)
 		sc.hdr = strconv.AppendInt(sc.hdr, window, 10)
 		if m.name != "" {
@@ -473,7 +482,7 @@ func (s *Service) addHeaders(resp *rlsv3.RateLimitResponse, sc *scratch, k int,
 			sc.hdr = appendSFString(sc.hdr, m.name)
 		}
 		sc.endHeader(hdrXLimit)
-		sc.hdr = strconv.AppendUint(sc.hdr, r.Remaining, 10)
+		sc.hdr = appendSFInt(sc.hdr, r.Remaining)
 		sc.endHeader(hdrXRemaining)
 		sc.hdr = strconv.AppendInt(sc.hdr, reset, 10)
 		sc.endHeader(hdrXReset)

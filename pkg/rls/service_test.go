@@ -922,6 +922,41 @@ func TestHeaderModes(t *testing.T) {
 	}
 }
 
+// TestHeaderIntegersFitStructuredFields: a structured field's integer has
+// at most 15 digits (RFC 8941 §3.3.1), and a parser rejects the whole field
+// for a longer one; requests_per_unit and a remaining count may have 16
+// (up to 2^53−1). Headers say 999999999999999 for those (a review's
+// finding: the limit was written whole).
+func TestHeaderIntegersFitStructuredFields(t *testing.T) {
+	files := map[string]string{"h.yaml": `
+domain: h
+descriptors:
+  - key: k
+    rate_limit: {name: huge, unit: minute, requests_per_unit: 2000000000000000, algorithm: fixed_window}
+`}
+	for mode, want := range map[HeaderMode]map[string]string{
+		HeadersIETF: {
+			"RateLimit-Policy": `"huge";q=999999999999999;w=60`,
+			"RateLimit":        `"huge";r=999999999999999;t=60`,
+		},
+		HeadersDraft03: {
+			"X-RateLimit-Limit":     `999999999999999, 999999999999999;w=60;name="huge"`,
+			"X-RateLimit-Remaining": "999999999999999",
+		},
+	} {
+		e := newEnv(t, files, Options{Headers: mode})
+		resp := e.must(request("h", desc("k", "v")))
+		if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit.GetRequestsPerUnit() != math.MaxUint32 {
+			t.Fatalf("%v: %v", mode, resp)
+		}
+		for h, v := range want {
+			if got, _ := header(resp, h); got != v {
+				t.Errorf("%v: %s: %q, want %q", mode, h, got, v)
+			}
+		}
+	}
+}
+
 func TestRetryAfterRoundsUpAndIsAtLeastOne(t *testing.T) {
 	e := newEnv(t, testFiles, Options{})
 	l := limitOf(t, e.svc.cfg.Current(), "test", "odd_window", "odd", "o")
