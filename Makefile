@@ -43,10 +43,10 @@ fmt-check:
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi; \
 	echo "gofmt: ok"
 
-# The one package with a file for other systems is vetted for one of them too.
+# The packages with files for other systems are vetted for one of them too.
 vet:
 	$(GO) vet -tags "$(GOTAGS)" $(PKG)
-	GOOS=darwin $(GO) vet -tags "$(GOTAGS)" ./cmd/rls-bench/internal/bench/
+	GOOS=darwin $(GO) vet -tags "$(GOTAGS)" ./cmd/rls-bench/internal/bench/ ./internal/testenv/
 
 build:
 	$(GO) build -tags "$(GOTAGS)" -o bin/ ./cmd/...

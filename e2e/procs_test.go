@@ -12,7 +12,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -110,6 +112,17 @@ func (p *proc) Log() string {
 // it waited for and try's last error. ctx ends at that deadline.
 func (p *proc) pollUntil(what string, try func(ctx context.Context) error) {
 	p.t.Helper()
+	if err := p.poll(what, try); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+// errExited is poll's error when the process exited first.
+var errExited = errors.New("exited")
+
+// poll is pollUntil returning its failure (wrapping errExited when the
+// process exited first) instead of failing the test.
+func (p *proc) poll(what string, try func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
 	tick := time.NewTicker(pollInterval)
@@ -117,16 +130,41 @@ func (p *proc) pollUntil(what string, try func(ctx context.Context) error) {
 	for {
 		err := try(ctx)
 		if err == nil {
-			return
+			return nil
 		}
 		select {
 		case <-p.done:
-			p.t.Fatalf("%s exited before %s (%v):\n%s", p.name, what, p.err, p.Log())
+			return fmt.Errorf("%s %w before %s (%v):\n%s", p.name, errExited, what, p.err, p.Log())
 		case <-ctx.Done():
-			p.t.Fatalf("%s: no %s after %v: %v\n%s", p.name, what, readyTimeout, err, p.Log())
+			return fmt.Errorf("%s: no %s after %v: %v\n%s", p.name, what, readyTimeout, err, p.Log())
 		case <-tick.C:
 		}
 	}
+}
+
+// servingRE finds the addresses in envoy-rls's "envoy-rls serving" log
+// line, text or JSON.
+var servingRE = regexp.MustCompile(`envoy-rls serving"?[ ,]+"?grpc"?[=:]"?([^\s",]+)"?[ ,]+"?http"?[=:]"?([^\s",]+)`)
+
+// servingAddrs waits for envoy-rls's "envoy-rls serving" line and returns
+// the gRPC and HTTP addresses it listens on: started on port 0, it is the
+// only one that can have them, where a port chosen free beforehand may
+// have been taken by another test binary since.
+func (p *proc) servingAddrs() (grpcAddr, httpAddr string) {
+	p.t.Helper()
+	p.pollUntil(`"envoy-rls serving" in its log`, func(context.Context) error {
+		b, err := os.ReadFile(p.log)
+		if err != nil {
+			return err
+		}
+		m := servingRE.FindSubmatch(b)
+		if m == nil {
+			return errors.New("not logged yet")
+		}
+		grpcAddr, httpAddr = string(m[1]), string(m[2])
+		return nil
+	})
+	return grpcAddr, httpAddr
 }
 
 // waitJSONRecord polls the process log, which must be JSON records (slog's
@@ -165,19 +203,22 @@ func (p *proc) waitJSONRecord(what string, match func(map[string]any) bool) []ma
 // passes; it fails the test in the last two cases.
 func (p *proc) waitHTTP(url string) {
 	p.t.Helper()
-	p.pollUntil(url+" answering 200", func(ctx context.Context) error {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return err
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("status %s", resp.Status)
-		}
-		return nil
-	})
+	p.pollUntil(url+" answering 200", func(ctx context.Context) error { return get200(ctx, url) })
+}
+
+// get200 GETs url and returns an error unless it answers 200.
+func get200(ctx context.Context, url string) error {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("status %s", resp.Status)
+	}
+	return nil
 }
 
 // rls is a running envoy-rls.
@@ -208,15 +249,15 @@ func startRLS(t testing.TB, o rlsOptions) *rls {
 	if o.ConfigDir == "" {
 		o.ConfigDir = filepath.Join(repoRoot(t), "e2e", "testdata", "config")
 	}
-	r := &rls{GRPCAddr: o.GRPCAddr, HTTPAddr: testenv.FreeAddr(t)}
-	if r.GRPCAddr == "" {
-		r.GRPCAddr = testenv.FreeAddr(t)
+	grpcAddr := o.GRPCAddr
+	if grpcAddr == "" {
+		grpcAddr = "127.0.0.1:0"
 	}
 	args := []string{envoyRLSBinary(t), "serve",
 		"--config.dir", o.ConfigDir,
-		"--grpc.addr", r.GRPCAddr,
-		"--http.addr", r.HTTPAddr,
-		"--debug.addr", testenv.FreeAddr(t),
+		"--grpc.addr", grpcAddr,
+		"--http.addr", "127.0.0.1:0",
+		"--debug.addr", "127.0.0.1:0",
 	}
 	switch {
 	case o.RedisURL != "":
@@ -225,7 +266,11 @@ func startRLS(t testing.TB, o rlsOptions) *rls {
 		args = append(args, "--redis.url", "redis://"+o.Redis)
 	}
 	args = append(args, o.Args...)
-	r.proc = startProc(t, "envoy-rls", args...)
+	r := &rls{proc: startProc(t, "envoy-rls", args...)}
+	r.GRPCAddr, r.HTTPAddr = r.servingAddrs()
+	if o.GRPCAddr != "" {
+		r.GRPCAddr = o.GRPCAddr // as given: unix:/path
+	}
 	r.waitHTTP("http://" + r.HTTPAddr + "/readyz")
 	return r
 }
@@ -252,8 +297,28 @@ func startEnvoy(t testing.TB, rlsGRPCAddr string) *envoy {
 // cluster's transport_socket.
 func startEnvoyTLS(t testing.TB, rlsGRPCAddr string, rlsTLS map[string]any) *envoy {
 	t.Helper()
-	edge, backend, admin := testenv.FreePort(t), testenv.FreePort(t), testenv.FreePort(t)
-	ports := envoyPorts{Admin: admin, Edge: edge, Backend: backend, RLSTimeout: testRLSTimeout, RLSTLS: rlsTLS}
+	for attempt := 1; ; attempt++ {
+		e, err := tryStartEnvoy(t, rlsGRPCAddr, rlsTLS)
+		if err == nil {
+			return e
+		}
+		// A listener's port, free when chosen, taken since by another
+		// test binary: Envoy exits, and starts again on fresh ports.
+		if attempt == 3 || !errors.Is(err, errExited) || !strings.Contains(err.Error(), "ddress already in use") {
+			t.Fatal(err)
+		}
+		t.Logf("envoy: a port was taken, starting again: %v", err)
+	}
+}
+
+// tryStartEnvoy is one attempt of startEnvoyTLS. Admin listens on port 0,
+// and Envoy writes the address it got to a file (--admin-address-path):
+// only this Envoy can answer there. The edge and backend listeners take
+// ports chosen free; Envoy exits when it cannot bind one.
+func tryStartEnvoy(t testing.TB, rlsGRPCAddr string, rlsTLS map[string]any) (*envoy, error) {
+	t.Helper()
+	edge, backend := testenv.FreePort(t), testenv.FreePort(t)
+	ports := envoyPorts{Admin: 0, Edge: edge, Backend: backend, RLSTimeout: testRLSTimeout, RLSTLS: rlsTLS}
 	if listen.IsUnix(rlsGRPCAddr) {
 		pipe, err := listen.UnixPath(rlsGRPCAddr)
 		if err != nil {
@@ -270,7 +335,8 @@ func startEnvoyTLS(t testing.TB, rlsGRPCAddr string, rlsTLS map[string]any) *env
 		}
 		ports.RLSHost = host
 	}
-	path := filepath.Join(t.TempDir(), "envoy.yaml")
+	dir := t.TempDir()
+	path, adminPath := filepath.Join(dir, "envoy.yaml"), filepath.Join(dir, "admin-address")
 	if err := rewriteEnvoyConfig(envoyYAML(t), path, ports); err != nil {
 		t.Fatal(err)
 	}
@@ -278,14 +344,25 @@ func startEnvoyTLS(t testing.TB, rlsGRPCAddr string, rlsTLS map[string]any) *env
 	if _, err := loadEnvoyConfig(path); err != nil {
 		t.Fatalf("rewritten envoy.yaml: %v", err)
 	}
-	e := &envoy{
-		URL:   fmt.Sprintf("http://127.0.0.1:%d", edge),
-		Admin: fmt.Sprintf("http://127.0.0.1:%d", admin),
-	}
-	e.proc = startProc(t, "envoy", testenv.EnvoyBinary(t), "-c", path,
+	e := &envoy{URL: fmt.Sprintf("http://127.0.0.1:%d", edge)}
+	e.proc = startProc(t, "envoy", testenv.EnvoyBinary(t), "-c", path, "--admin-address-path", adminPath,
 		"--use-dynamic-base-id", "--concurrency", "1", "-l", "warning")
-	e.waitHTTP(e.Admin + "/ready")
-	return e
+	if err := e.poll("its admin address in "+adminPath, func(context.Context) error {
+		b, err := os.ReadFile(adminPath)
+		if err != nil || len(bytes.TrimSpace(b)) == 0 {
+			return fmt.Errorf("not written yet (%v)", err)
+		}
+		e.Admin = "http://" + string(bytes.TrimSpace(b))
+		return nil
+	}); err != nil {
+		e.Stop()
+		return nil, err
+	}
+	if err := e.poll(e.Admin+"/ready answering 200", func(ctx context.Context) error { return get200(ctx, e.Admin+"/ready") }); err != nil {
+		e.Stop()
+		return nil, err
+	}
+	return e, nil
 }
 
 // envoyPorts are the loopback addresses (and the pipe) rewriteEnvoyConfig sets.
