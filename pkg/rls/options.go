@@ -169,7 +169,9 @@ func (o Outcome) String() string {
 // a matching rule, whose Rule and Limit are "override".
 type Decision struct {
 	Domain string
-	// Rule is the rule's Name ("" for OutcomeNoRule).
+	// Rule is the rule's Name: "" for OutcomeNoRule when no rule matched,
+	// the matched rule's when another rule of the request replaced all its
+	// limits.
 	Rule string
 	// Limit is the limit's Name ("" for OutcomeUnlimited and OutcomeNoRule).
 	Limit   string

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -538,16 +539,18 @@ func appendEntries(dst []byte, d *ratelimitv3.RateLimitDescriptor, r *descriptor
 }
 
 // digestMark starts the key part that stands for a value longer than the
-// request limits' MaxValueBytes: the mark and the value's SHA-256. A value of
-// the same bytes would need a SHA-256 preimage.
+// request limits' MaxValueBytes: the mark and the value's SHA-256. A value
+// that starts with the mark is counted by its digest too, however short, so
+// no value counted as it is can spell another's digest (anyone can compute
+// a long value's digest and send those 40 bytes: they shared its counter).
 const digestMark = "\x00sha256:"
 
 // appendValue appends value v as a key part: v itself, or, when it is longer
-// than max bytes, its digest. A client's header can be as long as Envoy
-// lets it (60 KiB by default); counted by digest, each value still has its
-// own counter, and the counter's name stays short.
+// than max bytes (or starts with digestMark), its digest. A client's header
+// can be as long as Envoy lets it (60 KiB by default); counted by digest,
+// each value still has its own counter, and the counter's name stays short.
 func appendValue(dst []byte, v string, max int) []byte {
-	if len(v) <= max {
+	if len(v) <= max && !strings.HasPrefix(v, digestMark) {
 		return limiter.AppendKeyPart(dst, v)
 	}
 	sum := sha256.Sum256([]byte(v))

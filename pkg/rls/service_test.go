@@ -3,6 +3,7 @@ package rls
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -770,6 +771,20 @@ descriptors:
 	ex, err := e.svc.Explain(context.Background(), "d", []descriptors.Entry{{Key: "tenant", Value: long}})
 	if err != nil || len(ex.Limits) != 1 || ex.Limits[0].Remaining != 0 {
 		t.Errorf("explain of the long value: %+v, %v", ex, err)
+	}
+	// A short value spelling the long one's digest has a counter of its
+	// own: it shared the long value's once (a review's finding; anyone can
+	// compute the digest of a value).
+	sum := sha256.Sum256([]byte(long))
+	forged := digestMark + string(sum[:])
+	placeholder := strings.Repeat("@", len(forged))
+	b, err := proto.Marshal(request("d", desc("remote_address", "203.0.113.10"), desc("tenant", placeholder)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := e.callRaw(bytes.Replace(b, []byte(placeholder), []byte(forged), 1))
+	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Errorf("a short value spelling the long value's digest: %v, %v; want OK, a counter of its own", resp, err)
 	}
 }
 
