@@ -16,11 +16,14 @@
 -- instant it decided at) as a fourth entry, which store uses as the expiry.
 --
 -- Exactness: B·W < 2^53 (checked in Go). Rescaling after a change of L is
--- exact while (Debt mod Per)·L < 2^53. Every figure is exact while the debt
--- at now (rel, in ticks) is below 2^53, which it always is but after the
--- clock stepped back (rel = Debt + (At − now)·L) or L grew; beyond it, the
--- decision still is (rel > B·W: denied), Reset and Retry-After may be a
--- millisecond off.
+-- exact while (Debt mod Per)·L < 2^53; beyond it (limits near 2^53 per
+-- window), it takes 2 ticks more than the exact debt, so it may deny where
+-- pkg/algorithm admits by those 2 ticks but never admits where it denies.
+-- Every figure is exact while the debt at now (rel, in ticks) is below
+-- 2^53, which it always is but after the clock stepped back (rel = Debt +
+-- (At − now)·L) or L grew; beyond it, the decision still is (rel > B·W:
+-- denied), Reset and Retry-After may be a millisecond off (pkg/algorithm
+-- computes them at full width).
 
 local token_bucket = {string_state = true} -- read with MGET
 
@@ -32,7 +35,15 @@ local function tb_debt(s, now, l)
   end
   if per ~= l and per ~= 0 then
     local q = idiv(debt, per)
-    debt = q * l + cdiv((debt - q * per) * l, per)
+    local p = (debt - q * per) * l
+    debt = q * l + cdiv(p, per)
+    if p >= exact then
+      -- p is rounded (a limit near 2^53 per window, changed): cdiv's result
+      -- may be up to 2 ticks short of ceil(Debt·L/Per), which
+      -- pkg/algorithm computes exactly. 2 more keep the debt at least the
+      -- exact one: a rounding may deny a tick early, never admit one.
+      debt = debt + 2
+    end
   end
   if now < at then
     return debt + (at - now) * l
