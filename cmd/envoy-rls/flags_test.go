@@ -186,3 +186,19 @@ func TestGRPCSocketModeFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestLogLevel: --log.level takes debug, info, warn or error, in any case;
+// slog also reads offsets such as error+8, which hid every line, errors
+// included, without a word (a review's finding).
+func TestLogLevel(t *testing.T) {
+	for _, level := range []string{"debug", "info", "warn", "error", "WARN"} {
+		if _, err := newLogger(io.Discard, level, "text"); err != nil {
+			t.Errorf("--log.level %s: %v", level, err)
+		}
+	}
+	for _, level := range []string{"error+8", "info-4", "WARN+1", "verbose", ""} {
+		if _, err := newLogger(io.Discard, level, "text"); err == nil || !strings.Contains(err.Error(), "want debug, info, warn or error") {
+			t.Errorf("--log.level %q: %v, want it refused", level, err)
+		}
+	}
+}

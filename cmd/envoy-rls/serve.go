@@ -219,8 +219,15 @@ const defaultConnWindow = 1 << 20
 
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log.level: %w", err)
+	switch strings.ToLower(level) {
+	case "debug", "info", "warn", "error":
+		// UnmarshalText alone also takes offsets such as error+8, which
+		// would hide every line.
+		if err := lv.UnmarshalText([]byte(level)); err != nil {
+			return nil, fmt.Errorf("--log.level: %w", err)
+		}
+	default:
+		return nil, fmt.Errorf("--log.level %q: want debug, info, warn or error", level)
 	}
 	ho := &slog.HandlerOptions{Level: lv}
 	switch format {

@@ -502,3 +502,41 @@ func TestStopDuringStart(t *testing.T) {
 		}
 	}
 }
+
+// TestUnknownDomainLinesBounded: a client cycling through more unknown
+// domains than are remembered (1,000) costs one line for each of the first
+// 1,000 and summarised lines for the rest, not a line per request: the
+// remembered set was cleared when full, and 3,003 requests over 1,001
+// domains wrote 3,003 lines (a review's finding).
+func TestUnknownDomainLinesBounded(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "c.yaml"), "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n")
+	var log testenv.Buffer
+	r := startServeLog(t, serveOptions{configDir: dir, logRepeat: time.Hour}, &log)
+	const domains, rounds = 1001, 3
+	for range rounds {
+		for i := range domains {
+			_, err := r.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{
+				Domain: fmt.Sprintf("tenant-%04d", i), Descriptors: []*commonrl.RateLimitDescriptor{desc("k", "v")}})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	r.stop() // flushes the summarised lines
+	var once, summarised int
+	for line := range strings.Lines(log.String()) {
+		switch {
+		case strings.Contains(line, "more unknown domains than are remembered"):
+			summarised++
+			if strings.Contains(line, "suppressed=") && !strings.Contains(line, "suppressed=2") {
+				t.Errorf("summary %q: want suppressed=2 (the 1,001st domain's 2 later requests)", line)
+			}
+		case strings.Contains(line, "request for an unknown domain"):
+			once++
+		}
+	}
+	if once != 1000 || summarised < 1 || summarised > 2 {
+		t.Errorf("%d requests over %d unknown domains: %d lines naming a domain once, %d summarised; want 1000 and 1 or 2", domains*rounds, domains, once, summarised)
+	}
+}

@@ -208,7 +208,15 @@ func (w *Watcher) check(trigger Trigger) ReloadEvent {
 		}
 	}
 	if err != nil {
-		w.lastDigest, w.lastErr = "", err
+		// The same error as the last check's (the folder still holds no
+		// configuration, or is still gone) is reported once, as a file
+		// that still does not compile is: polls find it unchanged.
+		stamp := "error: " + err.Error()
+		if trigger == TriggerPoll && stamp == w.lastDigest {
+			ev.Outcome, ev.Err = Unchanged, w.lastErr
+			return w.report(ev)
+		}
+		w.lastDigest, w.lastErr = stamp, err
 		ev.Outcome, ev.Err = Failed, err
 		return w.report(ev)
 	}

@@ -238,7 +238,7 @@ type Options struct {
 	// Observer receives decisions for metrics. Default: none.
 	Observer Observer
 	// MaxUnknownDomains is how many distinct unknown domains are
-	// remembered so that each is logged once; when the set is full it is
-	// cleared. Default 1000.
+	// remembered so that each is logged once; further ones are logged
+	// through Lines (summarised). Default 1000.
 	MaxUnknownDomains int
 }

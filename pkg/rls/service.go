@@ -187,7 +187,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		return nil, status.Error(codes.Unavailable, "no rate limit configuration loaded")
 	}
 	if !cfg.HasDomain(req.Domain) {
-		return s.unknownDomain(req), nil
+		return s.unknownDomain(ctx, req), nil
 	}
 	sc := s.pool.Get().(*scratch)
 	defer s.putScratch(sc)
@@ -218,9 +218,16 @@ func (s *Service) limiterError(ctx context.Context, domain string, err error) er
 	return status.Errorf(code, "rate limit check: %v", err)
 }
 
-func (s *Service) unknownDomain(req *rlsv3.RateLimitRequest) *rlsv3.RateLimitResponse {
-	if s.unknown.first(req.Domain) {
+func (s *Service) unknownDomain(ctx context.Context, req *rlsv3.RateLimitRequest) *rlsv3.RateLimitResponse {
+	switch s.unknown.first(req.Domain) {
+	case domainNew:
 		s.log.Warn("request for an unknown domain: answering OK without limits", slog.String("domain", req.Domain))
+	case domainNotRemembered:
+		// More unknown domains than are remembered: one line per
+		// repeat interval, with the count of the others.
+		s.lines.Log(ctx, s.log, slog.LevelWarn, "unknown domain, not remembered",
+			"request for an unknown domain: answering OK without limits (more unknown domains than are remembered, so this line is summarised)",
+			slog.String("domain", req.Domain))
 	}
 	if s.obs != nil {
 		s.obs.UnknownDomain(req.Domain)
@@ -238,28 +245,40 @@ func (s *Service) unknownDomain(req *rlsv3.RateLimitRequest) *rlsv3.RateLimitRes
 	return resp
 }
 
-// unknownDomains remembers the unknown domains already logged. It is bounded:
-// when max domains are remembered it forgets them all and starts over, so a
-// client inventing domains costs at most one log line per new domain and
-// max strings of memory.
+// unknownDomains remembers the unknown domains already logged, at most max
+// of them: a client inventing domains costs max strings of memory, one log
+// line for each of the first max, and the summarised lines of the line
+// limiter for the rest. (Forgetting them all when full, as it once did, made
+// a client cycling through max+1 domains cost a line per request.)
 type unknownDomains struct {
 	mu   sync.Mutex
 	max  int
 	seen map[string]struct{}
 }
 
-// first reports whether domain was not remembered, and remembers it.
-func (u *unknownDomains) first(domain string) bool {
+// Whether an unknown domain was seen before (unknownDomains.first).
+const (
+	domainSeen          = iota // remembered: logged before
+	domainNew                  // remembered now: log it
+	domainNotRemembered        // new, and the memory is full
+)
+
+// first reports whether domain is remembered, new (and remembers it), or
+// new while max domains are remembered.
+func (u *unknownDomains) first(domain string) int {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if _, ok := u.seen[domain]; ok {
-		return false
+		return domainSeen
 	}
-	if u.seen == nil || len(u.seen) >= u.max {
+	if len(u.seen) >= u.max {
+		return domainNotRemembered
+	}
+	if u.seen == nil {
 		u.seen = make(map[string]struct{}, min(u.max, 64))
 	}
 	u.seen[domain] = struct{}{}
-	return true
+	return domainNew
 }
 
 // descKind is what a request descriptor turned into.

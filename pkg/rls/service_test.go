@@ -335,18 +335,31 @@ func TestUnknownDomainIsOKWithoutLimits(t *testing.T) {
 	}
 }
 
+// TestUnknownDomainMemoryIsBounded: at most max unknown domains are
+// remembered, each logged once; a new one beyond them is not remembered
+// (it is logged through the line limiter), and the remembered ones stay
+// remembered. The set was cleared when full, so a client cycling through
+// max+1 domains cost a log line per request (a review's finding).
 func TestUnknownDomainMemoryIsBounded(t *testing.T) {
 	u := unknownDomains{max: 3}
 	for _, d := range []string{"a", "b", "c"} {
-		if !u.first(d) {
-			t.Errorf("%s not new", d)
+		if got := u.first(d); got != domainNew {
+			t.Errorf("%s: %d, want new", d, got)
 		}
 	}
-	if u.first("a") {
-		t.Error("a logged twice")
+	for range 3 {
+		for _, d := range []string{"a", "b", "c", "d"} {
+			want := domainSeen
+			if d == "d" {
+				want = domainNotRemembered
+			}
+			if got := u.first(d); got != want {
+				t.Errorf("%s: %d, want %d", d, got, want)
+			}
+		}
 	}
-	if !u.first("d") || len(u.seen) != 1 {
-		t.Errorf("after the 4th domain the set holds %d, want it reset to 1", len(u.seen))
+	if len(u.seen) != 3 {
+		t.Errorf("%d domains remembered, want 3", len(u.seen))
 	}
 }
 
