@@ -37,7 +37,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PER_CALL="${1:-4}"
 MIX="${2:-3desc}"
-for tool in valgrind callgrind_annotate callgrind_control redis-server redis-cli; do
+for tool in valgrind callgrind_annotate callgrind_control redis-server redis-cli python3; do
 	command -v "$tool" >/dev/null || {
 		echo "callgrind-check: $tool not found (apt-get install valgrind; scripts/install-deps.sh for Redis)" >&2
 		exit 1

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -305,8 +306,7 @@ func runBench(t *testing.T, want []row, env ...string) (stdoutText, stderrText s
 	// machine.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "bash", filepath.Join(root, "scripts", "bench.sh"))
-	cmd.Dir = root
+	cmd := benchCommand(ctx, root)
 	cmd.Env = append(os.Environ(),
 		"BENCH_RLS_ARGS=--redis.timeout 1s", // see TestMakeBench
 		"BENCH_DURATION=300ms", "BENCH_WARMUP=0s", "BENCH_REPEAT=1", "BENCH_OUT="+out,
@@ -447,6 +447,18 @@ func runBench(t *testing.T, want []row, env ...string) (stdoutText, stderrText s
 	return stdout.String(), stderr.String(), rs
 }
 
+// benchCommand runs scripts/bench.sh in root. At ctx's end the script gets
+// SIGTERM, so that its cleanup stops the servers it started and removes its
+// folder (SIGKILL, exec's default, left them all running), and 30 s to do
+// it.
+func benchCommand(ctx context.Context, root string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, "bash", filepath.Join(root, "scripts", "bench.sh"))
+	cmd.Dir = root
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 30 * time.Second
+	return cmd
+}
+
 // TestMakeBenchRefusals: settings the script cannot honour stop it before
 // any run, with a message that names the setting.
 func TestMakeBenchRefusals(t *testing.T) {
@@ -464,10 +476,24 @@ func TestMakeBenchRefusals(t *testing.T) {
 		{[]string{"BENCH_RETRIES=-1"}, "BENCH_RETRIES=-1: want a number of attempts from 0 to 99"},
 		{[]string{"BENCH_B_ARGS=--redis.senders 1", "BENCH_SCENARIOS=ceiling"}, `BENCH_SCENARIOS="ceiling" has no scenario that runs envoy-rls`},
 		{[]string{"BENCH_B_REV=no-such-revision", "BENCH_SCENARIOS=one-key"}, "BENCH_B_REV=no-such-revision: not a commit of this repository"},
+		// These ran nothing and exited 0, ran closed loops under open-loop
+		// labels, ran 10 s, or failed only after every run (a review's
+		// findings).
+		{[]string{"BENCH_REPEAT=abc"}, "BENCH_REPEAT=abc: want a number of rounds, 1 or more"},
+		{[]string{"BENCH_REPEAT=0"}, "BENCH_REPEAT=0: want a number of rounds"},
+		{[]string{"BENCH_RATE=0"}, "BENCH_RATE=0: want a positive rate per second"},
+		{[]string{"BENCH_DURATION=0s"}, "BENCH_DURATION=0s: want a positive duration"},
+		{[]string{"BENCH_DURATION=-1s"}, "BENCH_DURATION=-1s: want a positive duration"},
+		{[]string{"BENCH_WARMUP=soon"}, "BENCH_WARMUP=soon: want a duration"},
+		{[]string{"BENCH_CALLERS=2 sixteen"}, "BENCH_CALLERS=2 sixteen: want numbers of callers"},
+		{[]string{"BENCH_OPEN_CALLERS=0"}, "BENCH_OPEN_CALLERS=0: want a number of callers"},
+		{[]string{"BENCH_CONNECTIONS=0"}, "BENCH_CONNECTIONS=0: want a number of connections"},
+		{[]string{"BENCH_SCENARIOS= "}, "BENCH_SCENARIOS= : want one or more of"},
+		{[]string{"BENCH_OUT=/nonexistent/dir/r.jsonl"}, "BENCH_OUT=/nonexistent/dir/r.jsonl: want a file that can be written"},
+		{[]string{"BENCH_INCUMBENT=1", "BENCH_SCENARIOS=three-desc-fixed four-limits"}, "has no scenario the incumbent can run"},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		cmd := exec.CommandContext(ctx, "bash", filepath.Join(root, "scripts", "bench.sh"))
-		cmd.Dir = root
+		cmd := benchCommand(ctx, root)
 		cmd.Env = append(append(os.Environ(), "TMPDIR="+t.TempDir()), tc.env...)
 		out, err := cmd.CombinedOutput()
 		cancel()

@@ -207,6 +207,10 @@ func parseLoad(args []string, stderr io.Writer) (loadConfig, error) {
 	if set["duration"] && set["requests"] {
 		return cfg, errors.New("set --duration or --requests, not both")
 	}
+	if o.Duration <= 0 {
+		// Run would take its default, 10 s, for it.
+		return cfg, fmt.Errorf("--duration %v: must be positive", o.Duration)
+	}
 	if o.Requests < 0 || o.Rate < 0 || o.Cardinality < 1 || o.Connections < 1 || o.Concurrency < 1 || o.Warmup < 0 {
 		return cfg, errors.New("--requests, --rate and --warmup must not be negative; --cardinality, --connections and --concurrency must be at least 1")
 	}

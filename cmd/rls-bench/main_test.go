@@ -108,6 +108,8 @@ func TestParseLoad(t *testing.T) {
 		{"--addr", "h:1", "--server-metrics", "127.0.0.1:8080/metrics"},
 		{"--addr", "h:1", "--server-metrics", "http://127.0.0.1:8080/metrics", "--server-histogram", ""},
 		{"--addr", "h:1", "--gc-percent", "0"},
+		{"--addr", "h:1", "--duration", "0s"}, // was run for 10 s
+		{"--addr", "h:1", "--duration", "-1s"},
 	} {
 		if _, err := parseLoad(bad, &bytes.Buffer{}); err == nil {
 			t.Errorf("parseLoad(%q): no error", bad)
