@@ -197,37 +197,24 @@ BENCH_B_REV="${BENCH_B_REV:-}"
 BENCH_MAX_STEAL="${BENCH_MAX_STEAL:-10}"
 BENCH_RETRY_STEAL="${BENCH_RETRY_STEAL:-}"
 BENCH_RETRIES="${BENCH_RETRIES:-2}"
-case "$BENCH_REDIS" in
-single | unix | tls | cluster) ;;
-*)
-	printf 'bench: BENCH_REDIS=%s: want single, unix, tls or cluster\n' "$BENCH_REDIS" >&2
-	exit 2
-	;;
-esac
-[[ "$BENCH_MAX_STEAL" =~ ^(100(\.0+)?|[0-9]{1,2}(\.[0-9]+)?)$ ]] || {
-	printf 'bench: BENCH_MAX_STEAL=%s: want a percentage from 0 to 100\n' "$BENCH_MAX_STEAL" >&2
-	exit 2
-}
-[[ -z "$BENCH_RETRY_STEAL" || "$BENCH_RETRY_STEAL" =~ ^(100(\.0+)?|[0-9]{1,2}(\.[0-9]+)?)$ ]] || {
-	printf 'bench: BENCH_RETRY_STEAL=%s: want a percentage from 0 to 100, or nothing\n' "$BENCH_RETRY_STEAL" >&2
-	exit 2
-}
-[[ "$BENCH_RETRIES" =~ ^[0-9]{1,2}$ ]] || {
-	printf 'bench: BENCH_RETRIES=%s: want a number of attempts from 0 to 99\n' "$BENCH_RETRIES" >&2
-	exit 2
-}
-case "$BENCH_GRPC" in
-tcp | unix | tls) ;;
-*)
-	printf 'bench: BENCH_GRPC=%s: want tcp, unix or tls\n' "$BENCH_GRPC" >&2
-	exit 2
-	;;
-esac
 # refuse NAME VALUE WANT: stop before any run, naming the setting.
 refuse() {
 	printf 'bench: %s=%s: want %s\n' "$1" "$2" "$3" >&2
 	exit 2
 }
+percent_re='^(100(\.0+)?|[0-9]{1,2}(\.[0-9]+)?)$'
+case "$BENCH_REDIS" in
+single | unix | tls | cluster) ;;
+*) refuse BENCH_REDIS "$BENCH_REDIS" "single, unix, tls or cluster" ;;
+esac
+case "$BENCH_GRPC" in
+tcp | unix | tls) ;;
+*) refuse BENCH_GRPC "$BENCH_GRPC" "tcp, unix or tls" ;;
+esac
+[[ "$BENCH_MAX_STEAL" =~ $percent_re ]] || refuse BENCH_MAX_STEAL "$BENCH_MAX_STEAL" "a percentage from 0 to 100"
+[[ -z "$BENCH_RETRY_STEAL" || "$BENCH_RETRY_STEAL" =~ $percent_re ]] ||
+	refuse BENCH_RETRY_STEAL "$BENCH_RETRY_STEAL" "a percentage from 0 to 100, or nothing"
+[[ "$BENCH_RETRIES" =~ ^[0-9]{1,2}$ ]] || refuse BENCH_RETRIES "$BENCH_RETRIES" "a number of attempts from 0 to 99"
 duration_re='^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$'
 [[ "$BENCH_DURATION" =~ $duration_re && ! "$BENCH_DURATION" =~ ^[0.]+[a-zµ]+$ ]] || refuse BENCH_DURATION "$BENCH_DURATION" "a positive duration (5s, 1m)"
 [[ "$BENCH_WARMUP" =~ $duration_re ]] || refuse BENCH_WARMUP "$BENCH_WARMUP" "a duration, 0s or more"
@@ -235,7 +222,7 @@ duration_re='^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$'
 [[ "$BENCH_RATE" =~ ^[0-9]+(\.[0-9]+)?$ && ! "$BENCH_RATE" =~ ^[0.]+$ ]] || refuse BENCH_RATE "$BENCH_RATE" "a positive rate per second"
 [[ "$BENCH_OPEN_CALLERS" =~ ^[1-9][0-9]*$ ]] || refuse BENCH_OPEN_CALLERS "$BENCH_OPEN_CALLERS" "a number of callers, 1 or more"
 [[ "$BENCH_CONNECTIONS" =~ ^[1-9][0-9]*$ ]] || refuse BENCH_CONNECTIONS "$BENCH_CONNECTIONS" "a number of connections, 1 or more"
-read -r -a callers_list <<<"$BENCH_CALLERS"
+read -r -a callers_list <<<"$(printf '%s' "$BENCH_CALLERS" | tr '\n\t' '  ')"
 ((${#callers_list[@]} > 0)) || refuse BENCH_CALLERS "$BENCH_CALLERS" "one or more numbers of callers"
 for c in "${callers_list[@]}"; do
 	[[ "$c" =~ ^[1-9][0-9]*$ ]] || refuse BENCH_CALLERS "$BENCH_CALLERS" "numbers of callers, 1 or more, separated by spaces"
@@ -394,9 +381,7 @@ if [ "$BENCH_GRPC" = tls ] || { [ "$BENCH_REDIS" = tls ] && [ "$needs_rls" = 1 ]
 		die "openssl not found in PATH (BENCH_REDIS=tls or BENCH_GRPC=tls): run \`make test\` (it installs openssl) or scripts/install-deps.sh"
 fi
 INC_BIN=""
-case "$BENCH_INCUMBENT" in
-"" | 0) ;;
-*)
+if [ -n "$BENCH_INCUMBENT" ] && [ "$BENCH_INCUMBENT" != 0 ]; then
 	# Refused before building it: the incumbent runs these only.
 	inc_can=0
 	for s in one-key many-keys three-desc hot-key open-loop; do
@@ -404,8 +389,7 @@ case "$BENCH_INCUMBENT" in
 	done
 	[ "$inc_can" = 1 ] ||
 		die "BENCH_INCUMBENT: BENCH_SCENARIOS=\"$BENCH_SCENARIOS\" has no scenario the incumbent can run (one-key, many-keys, three-desc, hot-key, open-loop)"
-	;;
-esac
+fi
 case "$BENCH_INCUMBENT" in
 "" | 0) ;;
 1)

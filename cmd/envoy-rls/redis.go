@@ -16,11 +16,9 @@ import (
 	"github.com/envoy-rls/envoy-rls/pkg/redisbackend"
 )
 
-// openRedisStore connects to Redis and wraps it in the fail-soft layer, with
-// an in-process fallback and the heartbeat loop that learns how many
-// instances share the limits.
-func openRedisStore(ctx context.Context, o storeOptions, log *slog.Logger, m *metrics.Metrics) (*store, error) {
-	ro := redisbackend.Options{
+// redisOptions are the Redis backend's options the flags set (TLS apart).
+func (o *storeOptions) redisOptions() redisbackend.Options {
+	return redisbackend.Options{
 		URL:            o.redisURL,
 		ClusterAddrs:   o.redisClusterAddrs,
 		SentinelAddrs:  o.redisSentinelAddrs,
@@ -36,6 +34,13 @@ func openRedisStore(ctx context.Context, o storeOptions, log *slog.Logger, m *me
 
 		DisableFunctions: !o.redisFunctions,
 	}
+}
+
+// openRedisStore connects to Redis and wraps it in the fail-soft layer, with
+// an in-process fallback and the heartbeat loop that learns how many
+// instances share the limits.
+func openRedisStore(ctx context.Context, o storeOptions, log *slog.Logger, m *metrics.Metrics) (*store, error) {
+	ro := o.redisOptions()
 	var checkTLS func()
 	if o.redisTLS.Set() {
 		src, err := redisTLS(o.redisTLS, log, m)

@@ -135,17 +135,12 @@ func parseServeFlags(args []string, stderr io.Writer, lookupEnv func(string) (st
 		return o, usageError{msg: fmt.Sprintf("%s set, but no Redis to connect to: set --redis.url, --redis.cluster-addrs or --redis.sentinel-addrs (or leave every --redis.* flag out to count in memory)",
 			strings.Join(redisGiven, ", "))}
 	}
-	var topologies []string
-	for _, t := range []struct {
-		flag string
-		set  bool
-	}{{"--redis.url", o.store.redisURL != ""}, {"--redis.cluster-addrs", len(o.store.redisClusterAddrs) > 0}, {"--redis.sentinel-addrs", len(o.store.redisSentinelAddrs) > 0}} {
-		if t.set {
-			topologies = append(topologies, t.flag)
+	if o.store.redisConfigured() {
+		// What the backend would refuse once started (two topologies, a
+		// Sentinel without its master, …) is a usage error.
+		if err := o.store.redisOptions().Check(); err != nil {
+			return o, usageError{msg: err.Error()}
 		}
-	}
-	if len(topologies) > 1 {
-		return o, usageError{msg: strings.Join(topologies, " and ") + " are mutually exclusive: set only one"}
 	}
 	return o, nil
 }

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"context"
+	"maps"
 	"sync"
 	"time"
 
@@ -24,7 +25,7 @@ type Metrics struct {
 	reloads         reloads
 	lastReloadTime  prometheus.Gauge
 	rules           *prometheus.GaugeVec
-	ruleDomains     map[string]bool // the domains rules has a series of (Reloaded, one goroutine)
+	ruleDomains     map[string]int // the last load's rules by domain, which rules has series of (Reloaded)
 	registerer      prometheus.Registerer
 }
 
@@ -244,10 +245,7 @@ func (m *Metrics) Reloaded(initial, ok bool, at time.Time, rules map[string]int)
 				m.rules.DeleteLabelValues(d)
 			}
 		}
-		m.ruleDomains = make(map[string]bool, len(rules))
-		for d := range rules {
-			m.ruleDomains[d] = true
-		}
+		m.ruleDomains = maps.Clone(rules)
 	}
 }
 

@@ -110,6 +110,15 @@ const (
 	topoSentinel
 )
 
+// Check returns what New would refuse in o before connecting: the choice
+// of topology (exactly one of URL, ClusterAddrs and SentinelAddrs, a
+// Sentinel with its master), the key prefix, negative sizes. A caller
+// checks its flags with it before it starts anything.
+func (o Options) Check() error {
+	_, err := o.validate()
+	return err
+}
+
 func (o *Options) validate() (topology, error) {
 	var set []string
 	var topo topology

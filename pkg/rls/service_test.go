@@ -1321,33 +1321,45 @@ descriptors:
   - key: user
     rate_limit: {name: per_user, unit: minute, requests_per_unit: 2}
 `}, Options{})
-			for i := range 3 {
-				resp := e.must(request("b", desc("ip", "50.0.0.5"), desc("user", "u")))
-				st := resp.Statuses[0]
-				if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || st.Code != rlsv3.RateLimitResponse_OVER_LIMIT ||
-					st.CurrentLimit.GetRequestsPerUnit() != 0 || st.LimitRemaining != 0 {
-					t.Fatalf("request %d: %v", i, resp)
-				}
-				if ra, _ := header(resp, "Retry-After"); ra != "60" {
-					t.Errorf("request %d: Retry-After %q, want 60", i, ra)
-				}
-				// One window too, not the reset of the stand-in's counter
-				// (the rest of a fixed window, 0 for a token bucket).
-				if got := st.DurationUntilReset.AsDuration(); got != time.Minute {
-					t.Errorf("request %d: duration_until_reset %v, want one window (1m)", i, got)
-				}
-			}
-			// The blocked requests consumed nothing from per_user: 2 remain.
-			for i := range 2 {
-				resp := e.must(request("b", desc("ip", "50.0.0.6"), desc("user", "u")))
-				if resp.OverallCode != rlsv3.RateLimitResponse_OK {
-					t.Fatalf("unblocked request %d: %v", i, resp)
-				}
-			}
-			if resp := e.must(request("b", desc("user", "u"))); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
-				t.Errorf("per_user admitted a third request: %v", resp)
-			}
+			checkBlocked(t, e, request("b", desc("ip", "50.0.0.5"), desc("user", "u")))
+			checkTwoLeft(t, e, request("b", desc("user", "u")))
 		})
+	}
+}
+
+// checkBlocked sends req, whose first descriptor is blocked (a limit of 0
+// requests a minute), three times, and checks each answer: OVER_LIMIT, a
+// limit of 0 a minute, nothing remaining, and Retry-After and
+// duration_until_reset one window, not the reset of the stand-in's counter
+// (the rest of a fixed window, 0 for a token bucket).
+func checkBlocked(t *testing.T, e *env, req *rlsv3.RateLimitRequest) {
+	t.Helper()
+	for i := range 3 {
+		resp := e.must(req)
+		st := resp.Statuses[0]
+		if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || st.Code != rlsv3.RateLimitResponse_OVER_LIMIT ||
+			st.CurrentLimit.GetRequestsPerUnit() != 0 || st.CurrentLimit.GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE ||
+			st.LimitRemaining != 0 || st.DurationUntilReset.AsDuration() != time.Minute {
+			t.Fatalf("request %d: %v", i, resp)
+		}
+		if ra, _ := header(resp, "Retry-After"); ra != "60" {
+			t.Errorf("request %d: Retry-After %q, want 60", i, ra)
+		}
+	}
+}
+
+// checkTwoLeft checks that req's limit of 2 has both left (the blocked
+// requests before consumed nothing from it): two admissions, then a
+// denial.
+func checkTwoLeft(t *testing.T, e *env, req *rlsv3.RateLimitRequest) {
+	t.Helper()
+	for i := range 2 {
+		if resp := e.must(req); resp.OverallCode != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("request %d after the blocked ones: %v", i, resp)
+		}
+	}
+	if resp := e.must(req); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("a third request admitted: %v", resp)
 	}
 }
 
@@ -1374,26 +1386,8 @@ descriptors:
 `}, Options{})
 			blocked := desc("ip", "50.0.0.5")
 			blocked.Limit = &commonv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 0, Unit: typev3.RateLimitUnit_MINUTE}
-			for i := range 3 {
-				resp := e.must(request("b", blocked, desc("user", "u")))
-				st := resp.Statuses[0]
-				if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || st.Code != rlsv3.RateLimitResponse_OVER_LIMIT ||
-					st.CurrentLimit.GetRequestsPerUnit() != 0 || st.CurrentLimit.GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE ||
-					st.LimitRemaining != 0 || st.DurationUntilReset.AsDuration() != time.Minute {
-					t.Fatalf("request %d: %v", i, resp)
-				}
-				if ra, _ := header(resp, "Retry-After"); ra != "60" {
-					t.Errorf("request %d: Retry-After %q, want 60", i, ra)
-				}
-			}
-			for i := range 2 {
-				if resp := e.must(request("b", desc("user", "u"))); resp.OverallCode != rlsv3.RateLimitResponse_OK {
-					t.Fatalf("per_user, request %d after the blocked ones: %v", i, resp)
-				}
-			}
-			if resp := e.must(request("b", desc("user", "u"))); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
-				t.Errorf("per_user admitted a third request: %v", resp)
-			}
+			checkBlocked(t, e, request("b", blocked, desc("user", "u")))
+			checkTwoLeft(t, e, request("b", desc("user", "u")))
 		})
 	}
 }
